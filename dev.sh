@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# One entry point for a fresh Linux box with Python 3.11 (no GPU needed):
+#   ./dev.sh main   install everything and run the main job
+#   ./dev.sh test   install everything (with test extras) and run the test suite
+# Extra arguments after the verb go to the underlying command.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
+VENV=${MILES_VENV:-.venv}
+
+# In-repo plugins: every plugins/<kind>/<name>/ with a pyproject.toml is its own distribution.
+plugin_dirs() { for d in plugins/*/*/; do [ -f "$d/pyproject.toml" ] && printf '%s\n' "${d%/}"; done; }
+
+ensure_bwrap() {
+  # The local sandbox's namespace tier prefers bubblewrap (Debian package `bubblewrap`);
+  # without it the sandbox falls back to `unshare`, then to process isolation, and says so.
+  command -v bwrap >/dev/null 2>&1 && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }) \
+      || echo "note: could not install bubblewrap; the local sandbox will use unshare or process isolation" >&2
+  fi
+}
+
+install() {
+  local extras=$1
+  [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  local args=(-e ".$extras")
+  while IFS= read -r d; do args+=(-e "$d"); done < <(plugin_dirs)
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${args[@]}"
+  ensure_bwrap
+}
+
+verb=${1:-help}; shift || true
+case "$verb" in
+  main)
+    install ""
+    exec "$VENV/bin/miles" env validate terminal-tasks --jobs 4 "$@"
+    ;;
+  test)
+    install "[dev]"
+    set +e
+    "$VENV/bin/python" -m pytest "$@"
+    rc=$?
+    [ $rc -eq 5 ] && { echo "pytest collected no tests" >&2; rc=1; }
+    exit $rc
+    ;;
+  *)
+    echo "usage: ./dev.sh main|test [args...]" >&2
+    exit 2
+    ;;
+esac

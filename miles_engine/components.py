@@ -1,0 +1,76 @@
+"""What a plugin hook returns: named factories with an options model.
+
+A :class:`Component` is a *registration*, not an instance. The hub keeps them in one
+registry per kind; recipes name them (or give a dotted import path) and the hub builds
+instances with validated options.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+ComponentKind = Literal[
+    "environment", "sandbox", "reward", "teacher", "agent", "chat_family", "recipe"
+]
+COMPONENT_KINDS: tuple[ComponentKind, ...] = (
+    "environment",
+    "sandbox",
+    "reward",
+    "teacher",
+    "agent",
+    "chat_family",
+    "recipe",
+)
+
+
+class NoOptions(BaseModel):
+    """Options model for components that take none; any key is an error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(frozen=True)
+class Component:
+    """A named factory registered by a plugin.
+
+    :param name: the name recipes and the CLI use (unique per kind across all plugins).
+    :param factory: called as ``factory(options)`` with a validated ``options`` instance.
+    :param options: a pydantic model (``extra="forbid"``) describing the factory's options.
+    :param description: one line shown by ``miles plugins``.
+    """
+
+    name: str
+    factory: Callable[[Any], Any]
+    options: type[BaseModel] = NoOptions
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class RecipeFile:
+    """A packaged recipe YAML registered through ``miles_register_recipes``."""
+
+    name: str
+    path: Path
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class Registered:
+    """A component together with where it came from."""
+
+    kind: ComponentKind
+    component: Component | RecipeFile
+    distribution: str
+    version: str | None
+    module: str
+    builtin: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.component.name

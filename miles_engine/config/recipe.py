@@ -1,0 +1,98 @@
+"""The recipe: typed sections, one model per component, validated when loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from miles_engine.config.errors import format_validation_error
+from miles_engine.config.yaml_source import apply_overrides, load_yaml_file
+from miles_engine.errors import ConfigError, MilesError
+
+if TYPE_CHECKING:
+    from miles_engine.hub import Hub
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ComponentRef(Section):
+    """A component named by registered name or dotted import path, plus its options."""
+
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class SandboxRef(Section):
+    backend: str = "local"
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
+class EvalConfig(Section):
+    """How ``miles eval`` runs a recipe's agent over the environment's tasks."""
+
+    jobs: int = Field(4, ge=1, le=1024, description="episodes run concurrently")
+    attempts: int = Field(1, ge=1, description="attempts per task")
+    limit: int | None = Field(None, ge=1, description="evaluate only the first N tasks")
+    tasks: list[str] | None = Field(None, description="evaluate only these task ids")
+
+
+class RecipeConfig(Section):
+    """The root of a recipe YAML."""
+
+    description: str = ""
+    seed: int = 0
+    environment: ComponentRef
+    sandbox: SandboxRef = Field(default_factory=SandboxRef)
+    agent: ComponentRef = Field(default_factory=lambda: ComponentRef(name="oracle"))
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+
+def resolve_recipe_path(ref: str | Path, hub: Hub | None = None) -> Path:
+    """A path to a YAML file, or the name of a packaged recipe."""
+    path = Path(ref)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"recipe file '{path}' does not exist")
+        return path
+    from miles_engine.hub import Hub
+
+    registered = (hub or Hub()).get("recipe", str(ref))
+    return registered.component.path  # type: ignore[union-attr]
+
+
+def load_recipe(ref: str | Path, overrides: list[str] | None = None, hub: Hub | None = None) -> RecipeConfig:
+    """Load, override and validate a recipe, including each component's own options."""
+    from miles_engine.hub import Hub
+
+    hub = hub or Hub()
+    path = resolve_recipe_path(ref, hub)
+    data, lines = load_yaml_file(path)
+    apply_overrides(data, overrides or [])
+    try:
+        recipe = RecipeConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, model=RecipeConfig, file=str(path), lines=lines)) from exc
+    refs = {
+        "environment": ("environment", recipe.environment.name, recipe.environment.options),
+        "sandbox": ("sandbox", recipe.sandbox.backend, recipe.sandbox.options),
+        "agent": ("agent", recipe.agent.name, recipe.agent.options),
+    }
+    for section, (kind, name, options) in refs.items():
+        try:
+            comp = hub.component(kind, name)  # type: ignore[arg-type]
+        except MilesError as exc:
+            line = lines.get(f"{section}.name") or lines.get(f"{section}.backend") or lines.get(section)
+            raise ConfigError(f"{path}:{line or '?'}: {section}: {exc}") from exc
+        try:
+            comp.options.model_validate(options)
+        except ValidationError as exc:
+            raise ConfigError(
+                format_validation_error(
+                    exc, prefix=f"{section}.options", model=comp.options, file=str(path), lines=lines
+                )
+            ) from exc
+    return recipe

@@ -1,0 +1,27 @@
+"""Environments: sources of tasks, and the task protocol the episode runner drives."""
+
+from miles_engine.environments.protocol import (
+    BASH_TOOL,
+    EnvironmentSource,
+    EpisodeContext,
+    NoReferenceSolution,
+    RewardResult,
+    Task,
+    TaskLimits,
+    TaskRef,
+    ToolResult,
+    ToolSpec,
+)
+
+__all__ = [
+    "BASH_TOOL",
+    "EnvironmentSource",
+    "EpisodeContext",
+    "NoReferenceSolution",
+    "RewardResult",
+    "Task",
+    "TaskLimits",
+    "TaskRef",
+    "ToolResult",
+    "ToolSpec",
+]

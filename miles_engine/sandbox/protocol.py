@@ -1,0 +1,192 @@
+"""The sandbox protocol every backend implements, and the capability check that guards it.
+
+Semantics every backend must keep (the contract suite checks them):
+
+- ``exec`` never raises because the command failed, timed out or printed too much: it
+  returns an :class:`ExecResult` with ``exit_code`` (``None`` when killed on timeout),
+  ``timed_out`` and ``truncated``. It raises :class:`~miles_engine.errors.SandboxError`
+  only when the sandbox itself is unusable (closed, dead, transport lost).
+- ``close`` is idempotent and leaves nothing running.
+- A backend never runs a spec it cannot isolate as asked: :func:`check_supported` raises
+  :class:`~miles_engine.errors.SandboxUnsupportedError` naming every unmet need.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from miles_engine.errors import SandboxUnsupportedError
+
+IsolationLevel = Literal["process", "namespace", "container", "microvm"]
+NetworkMode = Literal["none", "public", "allowlist"]
+ISOLATION_ORDER: tuple[IsolationLevel, ...] = ("process", "namespace", "container", "microvm")
+
+DEFAULT_MAX_OUTPUT_BYTES = 1 << 20  # per stream
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NetworkPolicy(_Model):
+    mode: NetworkMode = "none"
+    allowed_hosts: tuple[str, ...] = ()
+
+
+class Resources(_Model):
+    cpus: float | None = Field(None, gt=0)
+    memory_mb: int | None = Field(None, gt=0)
+    disk_mb: int | None = Field(None, gt=0)
+    gpus: int = Field(0, ge=0)
+
+
+class BuildContext(_Model):
+    """A Docker build: ``context_dir`` holding ``dockerfile``."""
+
+    context_dir: Path
+    dockerfile: str = "Dockerfile"
+
+
+class SandboxSpec(_Model):
+    """What a task asks of a sandbox.
+
+    ``image``/``build`` ask for a container image; ``None`` for both means "the backend's
+    default userland" (for the local backend: the host's toolchain). ``paths`` lists the
+    absolute directories the task expects to exist and be writable (e.g. ``/app``,
+    ``/logs``); ``workdir`` is the directory commands start in.
+    """
+
+    image: str | None = None
+    build: BuildContext | None = None
+    workdir: str = "/app"
+    paths: tuple[str, ...] = ("/app", "/logs", "/tests", "/solution")
+    env: Mapping[str, str] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=Resources)
+    network: NetworkPolicy = Field(default_factory=NetworkPolicy)
+    ttl_s: float | None = Field(None, gt=0)
+    labels: Mapping[str, str] = Field(default_factory=dict)
+    files: Mapping[str, bytes] = Field(default_factory=dict)
+    user: str | None = None
+    min_isolation: IsolationLevel = "process"
+
+
+class Capabilities(_Model):
+    """What a backend can honestly provide."""
+
+    isolation: IsolationLevel
+    network_modes: frozenset[NetworkMode] = frozenset({"public"})
+    images: bool = False
+    dockerfile_build: bool = False
+    absolute_paths: bool = False
+    run_as_user: bool = False
+    gpus: bool = False
+    max_cpus: float | None = None
+    max_memory_mb: int | None = None
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool = False
+    truncated: bool = False
+    duration_s: float = 0.0
+    isolation: IsolationLevel | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One live sandbox. Use as ``async with await backend.create(spec) as sb: ...``."""
+
+    id: str
+    isolation: IsolationLevel
+
+    async def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout_s: float | None = None,
+        stdin: bytes | None = None,
+        max_output_bytes: int | None = None,
+        user: str | None = None,
+    ) -> ExecResult:
+        """Run ``cmd`` (a string runs under ``bash -c``; a list runs as argv)."""
+        ...
+
+    async def write_file(self, path: str, data: bytes | str, mode: int = 0o644) -> None: ...
+
+    async def read_file(self, path: str, max_bytes: int | None = None) -> bytes: ...
+
+    async def upload_dir(self, local: Path, remote: str) -> None: ...
+
+    async def download_dir(self, remote: str, local: Path) -> None: ...
+
+    async def alive(self) -> bool: ...
+
+    async def close(self) -> None: ...
+
+    async def __aenter__(self) -> Sandbox: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+@runtime_checkable
+class SandboxBackend(Protocol):
+    name: str
+
+    def capabilities(self) -> Capabilities: ...
+
+    async def create(self, spec: SandboxSpec) -> Sandbox:
+        """Create a sandbox; must call :func:`check_supported` first."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def unmet_needs(spec: SandboxSpec, caps: Capabilities) -> list[str]:
+    needs: list[str] = []
+    if ISOLATION_ORDER.index(caps.isolation) < ISOLATION_ORDER.index(spec.min_isolation):
+        needs.append(f"isolation '{spec.min_isolation}' (backend achieves '{caps.isolation}')")
+    if spec.image and not caps.images:
+        needs.append(f"container image '{spec.image}'")
+    if spec.build and not caps.dockerfile_build:
+        needs.append(f"a Docker build of {spec.build.context_dir / spec.build.dockerfile}")
+    if spec.network.mode not in caps.network_modes:
+        needs.append(f"network '{spec.network.mode}' (supported: {', '.join(sorted(caps.network_modes))})")
+    if spec.paths and not caps.absolute_paths:
+        needs.append(f"absolute task paths {', '.join(spec.paths)} (needs a private mount namespace)")
+    if spec.resources.gpus and not caps.gpus:
+        needs.append(f"{spec.resources.gpus} GPU(s)")
+    if spec.user and not caps.run_as_user:
+        needs.append(f"running as user '{spec.user}'")
+    if caps.max_cpus and spec.resources.cpus and spec.resources.cpus > caps.max_cpus:
+        needs.append(f"{spec.resources.cpus} CPUs (max {caps.max_cpus})")
+    if caps.max_memory_mb and spec.resources.memory_mb and spec.resources.memory_mb > caps.max_memory_mb:
+        needs.append(f"{spec.resources.memory_mb} MB memory (max {caps.max_memory_mb})")
+    return needs
+
+
+def check_supported(spec: SandboxSpec, caps: Capabilities, *, backend: str, task: str | None = None) -> None:
+    """Raise :class:`SandboxUnsupportedError` naming every need ``caps`` cannot meet."""
+    needs = unmet_needs(spec, caps)
+    if needs:
+        who = f"task '{task}'" if task else "the sandbox spec"
+        raise SandboxUnsupportedError(
+            f"sandbox backend '{backend}' cannot run {who}: it needs {'; '.join(needs)}. "
+            f"Choose a backend that provides this (e.g. docker) instead of running under-isolated."
+        )

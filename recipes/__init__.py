@@ -1,0 +1,1 @@
+"""Packaged recipes: YAML data files, listed by ``miles recipes ls``; not code."""
