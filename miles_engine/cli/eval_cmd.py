@@ -1,0 +1,56 @@
+"""``miles eval RECIPE``: run the recipe's agent on its environment's tasks and report rewards."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+
+import click
+
+from miles_engine.cli.common import console, echo_json, table
+from miles_engine.config.recipe import RecipeConfig, load_recipe
+from miles_engine.hub import Hub
+from miles_engine.rollout.episode import EpisodeResult, run_episode
+
+
+async def _evaluate(hub: Hub, cfg: RecipeConfig) -> list[EpisodeResult]:
+    source = hub.create("environment", cfg.environment.name, cfg.environment.options, where="environment.options")
+    backend = hub.create("sandbox", cfg.sandbox.backend, cfg.sandbox.options, where="sandbox.options")
+    ids = cfg.eval.tasks or [ref.id for ref in source.list_tasks()]
+    if cfg.eval.limit:
+        ids = ids[: cfg.eval.limit]
+    gate = asyncio.Semaphore(cfg.eval.jobs)
+
+    async def one(task_id: str) -> EpisodeResult:
+        async with gate:
+            agent = hub.create("agent", cfg.agent.name, cfg.agent.options, where="agent.options")
+            return await run_episode(source.load_task(task_id), agent, backend)
+
+    try:
+        return list(await asyncio.gather(*(one(t) for t in ids for _ in range(cfg.eval.attempts))))
+    finally:
+        await backend.aclose()
+
+
+@click.command("eval")
+@click.argument("recipe")
+@click.argument("overrides", nargs=-1)
+@click.option("--json", "as_json", is_flag=True)
+def eval_cmd(recipe: str, overrides: tuple[str, ...], as_json: bool) -> None:
+    """Evaluate RECIPE's agent on its environment (KEY=VALUE overrides, e.g. eval.jobs=8)."""
+    hub = Hub()
+    cfg = load_recipe(recipe, list(overrides), hub)
+    results = asyncio.run(_evaluate(hub, cfg))
+    scored = [r.reward.reward for r in results if r.reward.reward is not None]
+    mean = statistics.fmean(scored) if scored else float("nan")
+    errors = [r for r in results if r.reward.error]
+    if as_json:
+        echo_json({"mean_reward": mean, "episodes": [r.to_dict() for r in results]})
+    else:
+        console().print(table(None, ["task", "reward", "turns", "stop", "error"],
+                              ([r.task_id, r.reward.reward, r.agent.turns, r.agent.stop_reason, r.reward.error or ""]
+                               for r in results)))
+        click.echo(f"mean reward {mean:.3f} over {len(scored)} scored episodes; {len(errors)} errors")
+    if not results:
+        sys.exit(1)

@@ -1,0 +1,87 @@
+"""Model-free self-check of an environment: the reference solution must score 1.0, doing nothing 0.0."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from miles_engine.agents.builtin import NopAgent, OracleAgent
+from miles_engine.agents.protocol import Agent
+from miles_engine.environments.protocol import EnvironmentSource
+from miles_engine.rollout.episode import EpisodeResult, run_episode
+from miles_engine.sandbox.protocol import SandboxBackend
+
+
+@dataclass
+class TaskCheck:
+    task_id: str
+    oracle: float | None
+    nop: float | None
+    problems: list[str]
+    seconds: float
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task": self.task_id,
+            "passed": self.passed,
+            "oracle_reward": self.oracle,
+            "nop_reward": self.nop,
+            "problems": self.problems,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def _verdict(label: str, expected: float, result: EpisodeResult | BaseException) -> tuple[float | None, str | None]:
+    if isinstance(result, BaseException):
+        return None, f"{label}: {type(result).__name__}: {result}"
+    if result.reward.error:
+        return None, f"{label}: {result.reward.error}"
+    value = result.reward.reward
+    if value != expected:
+        return value, f"{label} scored {value} (expected {expected})"
+    return value, None
+
+
+async def _check_task(source: EnvironmentSource, task_id: str, backend: SandboxBackend) -> TaskCheck:
+    started = time.perf_counter()
+    runs: dict[str, EpisodeResult | BaseException] = {}
+    agents: dict[str, Agent] = {"oracle": OracleAgent(), "nop": NopAgent()}
+    for label, agent in agents.items():
+        try:
+            task = source.load_task(task_id)  # a fresh task object per attempt
+            runs[label] = await run_episode(task, agent, backend)
+        except Exception as exc:  # one broken task must not stop the check of the others
+            runs[label] = exc
+    oracle, p1 = _verdict("oracle", 1.0, runs["oracle"])
+    nop, p2 = _verdict("no-op", 0.0, runs["nop"])
+    problems = [p for p in (p1, p2) if p]
+    return TaskCheck(task_id, oracle, nop, problems, time.perf_counter() - started)
+
+
+async def validate_environment(
+    source: EnvironmentSource,
+    backend: SandboxBackend,
+    *,
+    task_ids: Sequence[str] | None = None,
+    jobs: int = 4,
+    on_result: Callable[[TaskCheck], None] | None = None,
+) -> list[TaskCheck]:
+    """Check every task (or ``task_ids``) with at most ``jobs`` tasks in flight."""
+    ids = list(task_ids) if task_ids is not None else [ref.id for ref in source.list_tasks()]
+    gate = asyncio.Semaphore(max(1, jobs))
+
+    async def one(task_id: str) -> TaskCheck:
+        async with gate:
+            check = await _check_task(source, task_id, backend)
+        if on_result is not None:
+            on_result(check)
+        return check
+
+    return list(await asyncio.gather(*(one(t) for t in ids)))

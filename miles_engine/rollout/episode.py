@@ -1,0 +1,109 @@
+"""Run one episode: sandbox → setup → agent (bounded) → verify (bounded) → teardown → close.
+
+Nothing here raises for a task's or agent's failure: every failure lands in
+:class:`EpisodeResult.reward` as ``RewardResult.failed(...)`` so a batch never crashes.
+Only a refused sandbox (the backend cannot isolate the task as asked) is raised, because
+running it anyway would be under-isolated and retrying cannot help.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from miles_engine.agents.protocol import Agent, AgentResult
+from miles_engine.environments.protocol import EpisodeContext, Message, NoReferenceSolution, RewardResult, Task
+from miles_engine.errors import SandboxUnsupportedError
+from miles_engine.sandbox.protocol import SandboxBackend
+
+
+@dataclass
+class EpisodeResult:
+    task_id: str
+    reward: RewardResult
+    agent: AgentResult
+    transcript: list[Message] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    isolation: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reward.error is None and self.reward.reward is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "task_id": self.task_id,
+            "reward": self.reward.reward,
+            "components": self.reward.components,
+            "error": self.reward.error,
+            "agent_stop_reason": self.agent.stop_reason,
+            "turns": self.agent.turns,
+            "timings": self.timings,
+            "isolation": self.isolation,
+        }
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+async def run_episode(task: Task, agent: Agent, backend: SandboxBackend | None) -> EpisodeResult:
+    """Run ``agent`` on ``task`` in a fresh sandbox from ``backend`` (``None`` for sandbox-less tasks)."""
+    timings: dict[str, float] = {}
+    spec = task.sandbox_spec()
+    if spec is not None and backend is None:
+        raise SandboxUnsupportedError(f"task '{task.id}' needs a sandbox but no sandbox backend was given")
+    started = time.perf_counter()
+    sandbox = await backend.create(spec) if spec is not None and backend is not None else None
+    timings["create_s"] = time.perf_counter() - started
+    ctx = EpisodeContext(task=task, sandbox=sandbox)
+    agent_result = AgentResult(stop_reason="not_started")
+    reward: RewardResult
+    try:
+        reward = await _drive(task, agent, ctx, timings)
+        agent_result = ctx.info.pop("agent_result", agent_result)
+    finally:
+        t0 = time.perf_counter()
+        try:
+            await asyncio.shield(task.teardown(ctx))
+        except Exception as exc:  # teardown must not hide the verdict, but is reported
+            ctx.info["teardown_error"] = _describe(exc)
+        if sandbox is not None:
+            await asyncio.shield(sandbox.close())
+        timings["teardown_s"] = time.perf_counter() - t0
+    isolation = getattr(sandbox, "isolation", None)
+    return EpisodeResult(task.id, reward, agent_result, ctx.transcript, timings, isolation)
+
+
+async def _drive(task: Task, agent: Agent, ctx: EpisodeContext, timings: dict[str, float]) -> RewardResult:
+    t0 = time.perf_counter()
+    try:
+        await task.setup(ctx)
+    except Exception as exc:
+        return RewardResult.failed(f"setup of task '{task.id}' failed: {_describe(exc)}")
+    t1 = time.perf_counter()
+    timings["setup_s"] = t1 - t0
+    try:
+        result = await asyncio.wait_for(agent.run(ctx), timeout=task.limits.agent_timeout_s)
+    except asyncio.TimeoutError:
+        result = AgentResult(stop_reason="timeout")
+    except NoReferenceSolution as exc:
+        return RewardResult.failed(str(exc))
+    except Exception as exc:
+        result = AgentResult(stop_reason="error", info={"error": _describe(exc)})
+    ctx.info["agent_result"] = result
+    t2 = time.perf_counter()
+    timings["agent_s"] = t2 - t1
+    try:
+        reward = await asyncio.wait_for(task.verify(ctx), timeout=task.limits.verifier_timeout_s)
+    except asyncio.TimeoutError:
+        reward = RewardResult.failed(
+            f"verifier of task '{task.id}' timed out after {task.limits.verifier_timeout_s:g}s"
+        )
+    except Exception as exc:
+        reward = RewardResult.failed(f"verifier of task '{task.id}' failed: {_describe(exc)}")
+    timings["verify_s"] = time.perf_counter() - t2
+    return reward
