@@ -35,11 +35,11 @@ install() {
 verb=${1:-help}; shift || true
 case "$verb" in
   main)
-    install ""
+    install "[engine,server]"
     exec "$VENV/bin/miles" env validate terminal-tasks --jobs 4 "$@"
     ;;
   test)
-    install "[dev]"
+    install "[engine,server,dev]"
     set +e
     "$VENV/bin/python" -m pytest "$@"
     rc=$?
