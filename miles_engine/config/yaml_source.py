@@ -16,9 +16,9 @@ def _construct(node: yaml.Node, prefix: str, lines: dict[str, int]) -> Any:
         for key_node, value_node in node.value:
             key = yaml.safe_load(yaml.serialize(key_node))
             if not isinstance(key, str):
-                raise ConfigError(f"line {key_node.start_mark.line + 1}: keys must be strings, got {key!r}")
+                raise ConfigError(f"{key_node.start_mark.line + 1}: keys must be strings, got {key!r}")
             if key in out:
-                raise ConfigError(f"line {key_node.start_mark.line + 1}: duplicate key '{prefix}{key}'")
+                raise ConfigError(f"{key_node.start_mark.line + 1}: duplicate key '{prefix}{key}'")
             dotted = f"{prefix}{key}"
             lines[dotted] = key_node.start_mark.line + 1
             out[key] = _construct(value_node, dotted + ".", lines)

@@ -77,7 +77,7 @@ def test_bad_override_value_and_form(tmp_path):
     path = write(tmp_path, GOOD)
     assert "eval.jobs" in error_of(path, ["eval.jobs=many"])
     assert "key=value" in error_of(path, ["eval.jobs"])
-    assert "is a value, not a section" in error_of(path, ["seed.x=1"])
+    assert "is a value, not a section" in error_of(path, ["eval.jobs.x=1"])
 
 
 def test_yaml_syntax_error_has_line(tmp_path):

@@ -130,9 +130,21 @@ def test_trace_plugins_prints_hook_calls(fake_dists, monkeypatch, capsys):
     assert "miles_register_agents" in capsys.readouterr().err
 
 
-def test_dotted_path_component():
-    comp = Hub().component("agent", "miles_engine.agents.builtin:NopAgent")
+def test_dotted_path_component(fake_dists):
+    fake_dists.add("miles-dotted", "0.1", {}, {"dotted_agents": """
+        class Echo:
+            name = "echo"
+            def __init__(self, opts):
+                self.opts = opts
+        def make_echo(opts):
+            return Echo(opts)
+    """})
+    hub = Hub()
+    comp = hub.component("agent", "dotted_agents:make_echo")
     assert isinstance(comp, Component)
-    assert comp.factory(None).name == "nop"
+    assert hub.create("agent", "dotted_agents.make_echo").name == "echo"
+    assert isinstance(hub.component("agent", "miles_engine.agents.plugin:miles_register_agents"), Component)
     with pytest.raises(ConfigError, match="cannot import module"):
-        Hub().component("agent", "no_such_module.thing:Agent")
+        hub.component("agent", "no_such_module.thing:Agent")
+    with pytest.raises(ConfigError, match="has no attribute"):
+        hub.component("agent", "dotted_agents:nothing")

@@ -1,0 +1,1 @@
+"""Rollout-engine tests."""

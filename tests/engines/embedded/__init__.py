@@ -1,0 +1,1 @@
+"""Embedded-engine tests (tiny models built from configs; no downloads)."""
