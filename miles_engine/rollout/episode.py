@@ -60,6 +60,8 @@ async def run_episode(task: Task, agent: Agent, backend: SandboxBackend | None) 
     sandbox = await backend.create(spec) if spec is not None and backend is not None else None
     timings["create_s"] = time.perf_counter() - started
     ctx = EpisodeContext(task=task, sandbox=sandbox)
+    if backend is not None:  # tasks needing a second sandbox (Harbor's separate verifier) create and close it
+        ctx.info["sandbox_factory"] = backend.create
     agent_result = AgentResult(stop_reason="not_started")
     reward: RewardResult
     try:

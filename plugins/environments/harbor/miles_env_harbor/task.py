@@ -1,0 +1,219 @@
+"""One Harbor task directory as a miles :class:`~miles_engine.environments.protocol.Task`.
+
+Layout (Harbor's)::
+
+    instruction.md        the prompt
+    task.toml             config (see :mod:`miles_env_harbor.config`)
+    environment/          Dockerfile (or docker-compose.yaml) and its build context
+    tests/test.sh         the verifier; uploaded to /tests only at verification time
+    solution/solve.sh     optional reference solution (the oracle agent runs it)
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Literal
+
+from miles_engine.environments.base import SandboxTask
+from miles_engine.environments.protocol import EpisodeContext, Message, NoReferenceSolution, RewardResult, TaskLimits
+from miles_engine.errors import SandboxUnsupportedError, TaskFormatError
+from miles_engine.sandbox.protocol import BuildContext, NetworkPolicy, Resources, SandboxSpec
+
+from miles_env_harbor import verifier
+from miles_env_harbor.config import (
+    EnvironmentSection,
+    HarborNetworkMode,
+    TaskConfig,
+    load_task_config,
+    resolve_env,
+)
+
+log = logging.getLogger(__name__)
+
+DefaultNetwork = Literal["none", "public"]
+TASK_PATHS: tuple[str, ...] = ("/app", "/logs", "/tests", "/solution")
+DEFAULT_WORKDIR = "/app"
+VERIFY_GRACE_S = 30.0  # on top of [verifier].timeout_sec, for uploads and reading reward files
+
+
+def _network(mode: HarborNetworkMode | None, hosts: list[str] | None, default: DefaultNetwork) -> NetworkPolicy:
+    if mode is None:
+        return NetworkPolicy(mode=default)
+    if mode == "allowlist":
+        return NetworkPolicy(mode="allowlist", allowed_hosts=tuple(hosts or ()))
+    return NetworkPolicy(mode="public" if mode == "public" else "none")
+
+
+class HarborTask(SandboxTask):
+    """A Harbor task. Build one with :func:`load_harbor_task` (which validates the directory)."""
+
+    def __init__(self, task_dir: Path, config: TaskConfig, instruction: str, *, task_id: str | None = None,
+                 source: str = "harbor", ignore_dockerfile: bool = False, default_network: DefaultNetwork = "none"):
+        agent_timeout = config.agent.timeout_sec
+        limits = TaskLimits(
+            agent_timeout_s=agent_timeout,
+            verifier_timeout_s=config.verifier.timeout_sec + VERIFY_GRACE_S,
+            command_timeout_s=min(60.0, agent_timeout),
+        )
+        metadata: dict[str, Any] = {
+            "source": source,
+            "path": str(task_dir),
+            "format": "harbor",
+            "schema_version": config.schema,
+            "difficulty": config.difficulty,
+            "category": config.category,
+            "tags": list(config.tags),
+            "verifier_mode": config.verifier.environment_mode,
+        }
+        if config.task and config.task.name:
+            metadata["harbor_name"] = config.task.name
+        if config.unknown_keys:
+            metadata["unknown_keys"] = config.unknown_keys
+        super().__init__(task_id or task_dir.name, limits=limits, metadata=metadata)
+        self.task_dir = task_dir
+        self.config = config
+        self.instruction = instruction
+        self.ignore_dockerfile = ignore_dockerfile
+        self.default_network: DefaultNetwork = default_network
+        self.toml_path = task_dir / "task.toml"
+
+    # -- paths ---------------------------------------------------------------------------
+    @property
+    def tests_dir(self) -> Path:
+        return self.task_dir / "tests"
+
+    @property
+    def solution_dir(self) -> Path:
+        return self.task_dir / "solution"
+
+    @property
+    def environment_dir(self) -> Path:
+        return self.task_dir / "environment"
+
+    @property
+    def workdir(self) -> str:
+        return self.config.environment.workdir or DEFAULT_WORKDIR
+
+    # -- prompt and sandbox --------------------------------------------------------------
+    def prompt(self) -> list[Message]:
+        return [{"role": "user", "content": self.instruction}]
+
+    def _userland(self, env: EnvironmentSection, *, tests_dockerfile: bool) -> tuple[str | None, BuildContext | None]:
+        if self.ignore_dockerfile:
+            return None, None
+        if env.docker_image:
+            return env.docker_image, None
+        if tests_dockerfile and (self.tests_dir / "Dockerfile").is_file():
+            return None, BuildContext(context_dir=self.tests_dir)
+        if (self.environment_dir / "Dockerfile").is_file():
+            return None, BuildContext(context_dir=self.environment_dir)
+        if (self.environment_dir / "docker-compose.yaml").is_file() or (self.environment_dir / "docker-compose.yml").is_file():
+            raise SandboxUnsupportedError(
+                f"task '{self.id}' ({self.task_dir}) defines its environment only as Docker Compose "
+                f"(environment/docker-compose.yaml), which no miles sandbox backend supports yet; "
+                f"set [environment].docker_image, add environment/Dockerfile, or load the source with "
+                f"ignore_dockerfile=true to run on the backend's default userland"
+            )
+        return None, None
+
+    def _spec(self, env: EnvironmentSection, network: NetworkPolicy, *, role: str, image: str | None,
+              build: BuildContext | None, user: str | int | None) -> SandboxSpec:
+        workdir = env.workdir or DEFAULT_WORKDIR
+        paths = TASK_PATHS if workdir in TASK_PATHS else (*TASK_PATHS, workdir)
+        return SandboxSpec(
+            image=image,
+            build=build,
+            workdir=workdir,
+            paths=paths,
+            env=resolve_env(env.env, where=f"{self.toml_path} [environment].env"),
+            resources=Resources(**env.explicit_resources()),
+            network=network,
+            labels={"miles.source": str(self.metadata["source"]), "miles.task": self.id, "miles.role": role},
+            user=None if user is None else str(user),
+        )
+
+    def sandbox_spec(self) -> SandboxSpec:
+        """The agent's sandbox: [environment] plus the [agent] phase's network and user."""
+        env = self.config.environment
+        agent = self.config.agent
+        mode = agent.network_mode or env.declared_network()
+        hosts = agent.allowed_hosts if agent.network_mode else env.allowed_hosts
+        image, build = self._userland(env, tests_dockerfile=False)
+        return self._spec(env, _network(mode, hosts, self.default_network), role="agent",
+                          image=image, build=build, user=agent.user)
+
+    def verifier_sandbox_spec(self) -> SandboxSpec:
+        """The fresh sandbox of ``environment_mode = "separate"``: [verifier.environment], else a
+        copy of [environment]; built from tests/Dockerfile when there is one and no image is named."""
+        ver = self.config.verifier
+        env = ver.environment or self.config.environment
+        mode = ver.network_mode or env.declared_network()
+        hosts = ver.allowed_hosts if ver.network_mode else env.allowed_hosts
+        image, build = self._userland(env, tests_dockerfile=True)
+        return self._spec(env, _network(mode, hosts, self.default_network), role="verifier",
+                          image=image, build=build, user=None)
+
+    # -- episode phases ------------------------------------------------------------------
+    async def setup(self, ctx: EpisodeContext) -> None:
+        if ctx.sandbox is not None:
+            await verifier.make_log_dirs(ctx.sandbox)
+
+    async def solve(self, ctx: EpisodeContext) -> None:
+        script = self.solution_dir / "solve.sh"
+        if not script.is_file():
+            raise NoReferenceSolution(f"task '{self.id}' has no reference solution ({script} does not exist)")
+        if ctx.sandbox is None:
+            raise RuntimeError(f"task '{self.id}': the reference solution needs a sandbox")
+        env = resolve_env(self.config.solution.env, where=f"{self.toml_path} [solution].env")
+        await ctx.sandbox.upload_dir(self.solution_dir, "/solution")
+        user = self.config.agent.user
+        result = await ctx.sandbox.exec(
+            "bash /solution/solve.sh", env=env or None, timeout_s=self.limits.agent_timeout_s,
+            **({"user": str(user)} if user is not None else {}),
+        )
+        ctx.info["solution"] = {
+            "exit_code": result.exit_code,
+            "timed_out": result.timed_out,
+            "output_tail": (result.stdout + result.stderr)[-2000:],
+        }
+
+    async def verify(self, ctx: EpisodeContext) -> RewardResult:
+        if self.config.verifier.environment_mode == "separate":
+            return await verifier.verify_separate(self, ctx)
+        if ctx.sandbox is None:
+            return RewardResult.failed(f"task '{self.id}': no sandbox to verify in")
+        return await verifier.run_tests(self, ctx.sandbox)
+
+
+def load_harbor_task(task_dir: Path, *, task_id: str | None = None, source: str = "harbor",
+                     ignore_dockerfile: bool = False, default_network: DefaultNetwork = "none",
+                     task_class: type[HarborTask] = HarborTask) -> HarborTask:
+    """Validate a task directory and load it as ``task_class``; a missing or malformed part is a
+    TaskFormatError."""
+    task_dir = Path(task_dir)
+    if not task_dir.is_dir():
+        raise TaskFormatError(f"Harbor task directory {task_dir} does not exist")
+    missing = [name for name, ok in (
+        ("task.toml", (task_dir / "task.toml").is_file()),
+        ("instruction.md", (task_dir / "instruction.md").is_file()),
+        ("tests/test.sh", (task_dir / "tests" / "test.sh").is_file()),
+    ) if not ok]
+    if missing:
+        raise TaskFormatError(f"Harbor task {task_dir} is missing {', '.join(missing)}")
+    config = load_task_config(task_dir / "task.toml")
+    toml = task_dir / "task.toml"
+    if config.steps:
+        raise TaskFormatError(f"{toml}: multi-step tasks ([[steps]]) are not supported by this reader yet")
+    if config.environment.os != "linux":
+        raise TaskFormatError(f"{toml}: [environment].os = '{config.environment.os}' is not supported (linux only)")
+    try:
+        instruction = (task_dir / "instruction.md").read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskFormatError(f"{task_dir / 'instruction.md'}: cannot read instruction: {exc}") from exc
+    if not instruction.strip():
+        raise TaskFormatError(f"{task_dir / 'instruction.md'} is empty")
+    if config.unknown_keys:
+        log.warning("%s: ignoring keys this reader does not know: %s", toml, ", ".join(config.unknown_keys))
+    return task_class(task_dir, config, instruction, task_id=task_id, source=source,
+                      ignore_dockerfile=ignore_dockerfile, default_network=default_network)

@@ -1,0 +1,21 @@
+#!/bin/bash
+# Verifier for csv-to-json: writes 1 to /logs/verifier/reward.txt iff every check passes, else 0.
+export LC_ALL=C
+mkdir -p /logs/verifier
+echo 0 > /logs/verifier/reward.txt
+fail() { echo "FAIL: $*"; exit 0; }
+# same FILE EXPECTED: byte-equal, except that a missing final newline is tolerated
+same() {
+  [ -f "$1" ] || fail "$1 does not exist"
+  python3 -c 'import sys; a, b = (open(p, "rb").read().rstrip(b"\n") for p in sys.argv[1:]); sys.exit(a != b)' "$1" "$2" \
+    || fail "$1 does not have the expected content"
+}
+cd /app || fail "/app is missing"
+python3 - <<'PY' || fail "people.json does not match"
+import json, sys
+got = json.load(open("/app/people.json", encoding="utf-8"))
+want = json.load(open("/tests/expected.json", encoding="utf-8"))
+sys.exit(0 if got == want and all(type(g["age"]) is int for g in got) else 1)
+PY
+echo PASS
+echo 1 > /logs/verifier/reward.txt

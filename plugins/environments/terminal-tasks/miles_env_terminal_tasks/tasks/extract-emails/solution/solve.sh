@@ -1,0 +1,4 @@
+#!/bin/bash
+set -euo pipefail
+cd /app
+grep -oE '[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}' /app/contacts.txt | tr 'A-Z' 'a-z' | LC_ALL=C sort -u > /app/emails.txt

@@ -1,0 +1,22 @@
+import unittest
+
+from mathutils import mean, median
+
+
+class TestStats(unittest.TestCase):
+    def test_mean(self):
+        self.assertEqual(mean([1, 2, 3, 4]), 2.5)
+
+    def test_median_odd(self):
+        self.assertEqual(median([3, 1, 2]), 2)
+
+    def test_median_even(self):
+        self.assertEqual(median([4, 1, 3, 2]), 2.5)
+
+    def test_empty(self):
+        with self.assertRaises(ValueError):
+            median([])
+
+
+if __name__ == "__main__":
+    unittest.main()

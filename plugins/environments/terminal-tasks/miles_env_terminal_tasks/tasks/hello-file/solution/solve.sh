@@ -1,0 +1,4 @@
+#!/bin/bash
+set -euo pipefail
+cd /app
+printf 'Hello, World!\n' > /app/hello.txt
