@@ -42,6 +42,16 @@ class RewardError(MilesError):
     """A verifier produced no usable reward (missing, empty, NaN or garbage reward file)."""
 
 
+class EngineRequestError(MilesError, ValueError):
+    """A rollout engine refused a request (ids out of vocabulary, empty or over-long prompt,
+    bad sampling params, routed experts from a dense model); the engine keeps serving."""
+
+
+class WeightUpdateError(MilesError, ValueError):
+    """A weight update does not match the model (names, shapes, dtypes); it was refused before
+    any tensor changed and the engine keeps serving the previous version."""
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest choice, or an empty string."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

@@ -37,6 +37,7 @@ CORE_DISTRIBUTION = "miles-engine"
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "miles_engine.sandbox.local.plugin",
     "miles_engine.agents.plugin",
+    "miles_engine.tito.plugin",
     "miles_engine.recipes_plugin",
 )
 

@@ -27,6 +27,9 @@ class EpisodeResult:
     transcript: list[Message] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
     isolation: str | None = None
+    # what the task and agent left in the episode context (e.g. TITO trajectories), kept
+    # even when the agent timed out
+    info: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -77,7 +80,8 @@ async def run_episode(task: Task, agent: Agent, backend: SandboxBackend | None) 
             await asyncio.shield(sandbox.close())
         timings["teardown_s"] = time.perf_counter() - t0
     isolation = getattr(sandbox, "isolation", None)
-    return EpisodeResult(task.id, reward, agent_result, ctx.transcript, timings, isolation)
+    info = {k: v for k, v in ctx.info.items() if k != "sandbox_factory"}
+    return EpisodeResult(task.id, reward, agent_result, ctx.transcript, timings, isolation, info)
 
 
 async def _drive(task: Task, agent: Agent, ctx: EpisodeContext, timings: dict[str, float]) -> RewardResult:

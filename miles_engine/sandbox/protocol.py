@@ -184,6 +184,7 @@ def unmet_needs(spec: SandboxSpec, caps: Capabilities) -> list[str]:
 def check_supported(spec: SandboxSpec, caps: Capabilities, *, backend: str, task: str | None = None) -> None:
     """Raise :class:`SandboxUnsupportedError` naming every need ``caps`` cannot meet."""
     needs = unmet_needs(spec, caps)
+    task = task or spec.labels.get("miles.task")
     if needs:
         who = f"task '{task}'" if task else "the sandbox spec"
         raise SandboxUnsupportedError(

@@ -31,8 +31,20 @@ def test_exec_prints_a_structured_result():
 
 
 def test_exec_argv_timeout_env_and_workdir():
-    res = invoke("sandbox", "exec", "-o", "isolation=process", "--timeout", "0.5", "-e", "A=1", "--",
-                 "bash", "-c", "echo $A; sleep 5")
+    res = invoke(
+        "sandbox",
+        "exec",
+        "-o",
+        "isolation=process",
+        "--timeout",
+        "0.5",
+        "-e",
+        "A=1",
+        "--",
+        "bash",
+        "-c",
+        "echo $A; sleep 5",
+    )
     data = json.loads(res.stdout)
     assert data["timed_out"] and data["exit_code"] is None and data["stdout"] == "1\n"
     assert data["isolation"] == "process"
@@ -60,8 +72,9 @@ def test_unknown_backend_option_names_the_key():
 
 
 def test_check_json_and_exit_codes():
-    ok = invoke("sandbox", "check", "-o", "isolation=process", "--json", "--case", "sleep_past_timeout",
-                "--case", "env_secrets")
+    ok = invoke(
+        "sandbox", "check", "-o", "isolation=process", "--json", "--case", "sleep_past_timeout", "--case", "env_secrets"
+    )
     rows = json.loads(ok.stdout)
     assert ok.exit_code == 0
     assert [r["case"] for r in rows] == ["env_secrets", "sleep_past_timeout"]

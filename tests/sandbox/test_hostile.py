@@ -27,11 +27,13 @@ def test_process_tier_reports_what_it_cannot_contain(proc_backend):
     results = {r.case: r for r in run(run_hostile_suite(proc_backend, concurrency=6), timeout=90)}
     escaped = {name for name, r in results.items() if not r.contained}
     expected = set(PROCESS_TIER_ESCAPES)
-    if not IS_ROOT:  # without a dedicated uid there is no process limit: the fork bomb is not even run
-        expected |= {"fork_bomb"}
+    if not IS_ROOT:
+        # Without a dedicated uid: no per-sandbox process limit (the fork bomb is not even
+        # run), and a daemon that both detaches and scrubs its environment cannot be tracked.
+        expected |= {"fork_bomb", "daemon_left_behind"}
     assert escaped == expected, {n: results[n].detail for n in escaped ^ expected}
     assert "host listener accepted" in results["network_tcp"].detail
-    assert all(r.leftover_processes == 0 for r in results.values())
+    assert all(r.leftover_processes == 0 for r in results.values() if r.contained)
 
 
 def test_unknown_case_is_an_error(ns_backend):

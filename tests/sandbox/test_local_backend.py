@@ -76,9 +76,11 @@ def test_unshare_fallback_tier():
 
     async def go():
         async with await be.create(SandboxSpec(files={"/tests/t.sh": b"echo t"})) as sb:
-            r = await sb.exec("bash /tests/t.sh; id -u; touch /etc/x 2>/dev/null || echo ro; cat /etc/shadow >/dev/null "
-                              "2>&1 || echo noshadow; ls /proc | grep -c '^[0-9]'; tail -n +3 /proc/net/dev | cut -d: -f1;"
-                              "setsid sleep 303 </dev/null >/dev/null 2>&1 &")
+            r = await sb.exec(
+                "bash /tests/t.sh; id -u; touch /etc/x 2>/dev/null || echo ro; cat /etc/shadow >/dev/null "
+                "2>&1 || echo noshadow; ls /proc | grep -c '^[0-9]'; tail -n +3 /proc/net/dev | cut -d: -f1;"
+                "setsid sleep 303 </dev/null >/dev/null 2>&1 &"
+            )
             await sb.write_file("/logs/r.txt", "1")
             return r, await sb.read_file("/logs/r.txt"), sb
 

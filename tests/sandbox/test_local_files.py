@@ -64,7 +64,9 @@ def test_task_paths_are_mapped_and_the_host_is_read_only(ns_backend, tmp_path):
             r = await sb.exec(
                 "pwd; bash /solution/solve.sh && cat /app/out; for d in /app /logs /tests /solution /tmp /root; "
                 "do touch $d/w && echo ok$d; done; touch /etc/x /usr/x 2>&1 | wc -l; ls /home | wc -l; "
-                f"cat {host_secret} 2>&1; id -u; ls /proc | grep -c '^[0-9]'; cat /proc/net/dev | tail -n +3 | cut -d: -f1")
+                f"cat {host_secret} 2>&1; id -u; ls /proc | grep -c '^[0-9]'; "
+                "cat /proc/net/dev | tail -n +3 | cut -d: -f1"
+            )
             await sb.exec("echo kept > /tmp/keep")
             kept = await sb.read_file("/tmp/keep")
             return r, kept

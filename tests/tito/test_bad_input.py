@@ -157,7 +157,8 @@ def test_delete_during_generation_aborts_and_records_nothing(codecs):
     asyncio.run(run())
 
 
-@pytest.mark.parametrize("fault,status", [("raise", 502), ("abort", 503), ("short", 502)])
+@pytest.mark.parametrize("fault,status", [("raise", 502), ("abort", 503), ("short", 502), ("refuse", 400),
+                                          ("down", 503)])
 def test_engine_faults_commit_nothing(codecs, fault, status):
     codec = codecs["chatml"]
     manager, engine, scripts = make_server(codec)
@@ -175,6 +176,12 @@ def test_engine_faults_commit_nothing(codecs, fault, status):
             async def broken(request):
                 if fault == "raise":
                     raise RuntimeError("GPU on fire")
+                if fault == "refuse":
+                    raise ValueError("prompt of 9999 tokens does not fit the context of 4096 tokens")
+                if fault == "down":
+                    from miles_engine.engines.errors import EngineUnavailable
+
+                    raise EngineUnavailable("connection refused")
                 result = await original(request)
                 if fault == "abort":
                     result.finish_reason = "abort"

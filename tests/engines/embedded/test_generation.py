@@ -215,3 +215,25 @@ def test_sampler_draws_follow_the_filtered_distribution() -> None:
     assert torch.all(counts[want == 0] == 0)  # filtered-out tokens are never drawn
     assert torch.allclose(counts, want, atol=0.02)
     assert all(abs(lp - want[t].log().item()) < 1e-5 for t, lp in zip(tokens[:50], logprobs[:50]))
+
+
+def test_churn_of_joins_and_leaves_keeps_every_row_exact() -> None:
+    """Many requests of random prompt and output lengths through a small batch: rows join,
+    leave, get swapped and the buffer grows; each output must equal its solo run."""
+    import random
+
+    async def main() -> None:
+        rng = random.Random(0)
+        eng = engine(max_batch_size=5, max_prefill_tokens=64)
+        reqs = [req(prompt(rng.randint(1, 60), 200 + i), greedy(rng.randint(1, 40))) for i in range(30)]
+        together = await asyncio.gather(*(eng.generate(r) for r in reqs))
+        solo = engine()
+        for r, got in zip(reqs, together):
+            want = await solo.generate(req(list(r.input_ids), r.sampling))
+            assert got.output_ids == want.output_ids
+            assert max(abs(a - b) for a, b in zip(got.output_logprobs, want.output_logprobs)) < 1e-4
+        assert eng.stats()["running"] == 0 and eng.stats()["finished"] == 30
+        await eng.aclose()
+        await solo.aclose()
+
+    run(main())

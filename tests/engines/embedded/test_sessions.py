@@ -25,6 +25,7 @@ def test_eight_turn_session_reuses_prefix_with_identical_outputs() -> None:
             assert hit, turn
             assert cached == length - 6 - 1  # everything but the new message and the last output token
             prev_len = length
+        assert abs(res.info["session_hit_rate"] - 7 / 8) < 1e-9  # engine-wide, at the last turn
         st = eng.stats()
         assert st["session_lookups"] == 8 and st["session_hits"] == 7
         assert abs(st["session_hit_rate"] - 7 / 8) < 1e-9 and st["session_token_hit_rate"] > 0.5

@@ -1,0 +1,166 @@
+"""Embedded-engine benchmark (prints tables; not a test).
+
+    .venv/bin/python bench/engine_bench.py [--reps 5] [--dtype float32] [--threads 1] [--quick]
+
+1. Decode throughput (tokens/s) on the tiny Qwen3 config of the feasibility study (vocab 8192,
+   hidden 256, 4 layers, 4 heads / 2 KV, head_dim 64) at batch 1, 8, 32: the engine (B
+   concurrent requests) vs Hugging Face ``generate`` on the same model and batch; prompt 32,
+   128 new tokens, greedy, eos disabled; runs interleaved, medians, ratio side by side.
+2. Mixed lengths: 128 requests queued at once (an RL rollout wave), max_new_tokens drawn from
+   16..256; the engine runs them with continuous batching (max batch 32), HF in static
+   batches of 32 that run to the longest request of the batch. Useful tokens/s = requested
+   tokens / wall time.
+3. Prefix reuse: 4 concurrent 8-turn sessions (128 new prompt tokens + 32 generated per turn):
+   time to first token and turn latency with the session prefix cache vs without (same
+   requests, interleaved turn by turn, outputs checked identical), and the hit rates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from miles_engine.engines.embedded.engine import EmbeddedEngine  # noqa: E402
+from miles_engine.engines.embedded.loading import BENCH_QWEN3  # noqa: E402
+from miles_engine.engines.protocol import GenerateRequest, SamplingParams  # noqa: E402
+
+CONFIG = dict(BENCH_QWEN3, eos_token_id=None, bos_token_id=None, pad_token_id=0)
+PROMPT = 32
+
+
+def prompts(n: int, length: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, CONFIG["vocab_size"], (n, length), generator=g).tolist()
+
+
+async def engine_run(eng: EmbeddedEngine, batch: list[list[int]], lengths: list[int]) -> float:
+    t = time.perf_counter()
+    await asyncio.gather(*(eng.generate(GenerateRequest(p, SamplingParams(temperature=0, max_new_tokens=n)))
+                           for p, n in zip(batch, lengths)))
+    return time.perf_counter() - t
+
+
+def hf_run(model, batch: list[list[int]], new_tokens: int) -> float:
+    ids = torch.tensor(batch)
+    t = time.perf_counter()
+    with torch.inference_mode():
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                       min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    return time.perf_counter() - t
+
+
+def table(title: str, header: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+    print(f"\n{title}")
+    print("  ".join(h.rjust(w) for h, w in zip(header, widths)))
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+
+
+async def decode_throughput(eng: EmbeddedEngine, reps: int, batches: list[int], new: int) -> None:
+    rows = []
+    for b in batches:
+        batch = prompts(b, PROMPT, b)
+        await engine_run(eng, batch[:1], [4])  # warm-up
+        hf_run(eng.model, batch[:1], 4)
+        ours, theirs = [], []
+        for _ in range(reps):  # interleaved
+            ours.append(b * new / await engine_run(eng, batch, [new] * b))
+            theirs.append(b * new / hf_run(eng.model, batch, new))
+        o, h = statistics.median(ours), statistics.median(theirs)
+        rows.append([str(b), f"{o:,.0f}", f"{h:,.0f}", f"{o / h:.2f}x", f"{1000 * b / o:.2f}"])
+    table(f"1. decode throughput, prompt {PROMPT}, {new} new tokens, greedy (median of {reps})",
+          ["batch", "engine tok/s", "HF generate tok/s", "ratio", "engine ms/step"], rows)
+
+
+async def mixed_lengths(eng: EmbeddedEngine, reps: int, n: int, lo: int, hi: int, batch_size: int = 32) -> None:
+    rng = random.Random(0)
+    lengths = [rng.randint(lo, hi) for _ in range(n)]
+    batch = prompts(n, PROMPT, 7)
+    useful = sum(lengths)
+    ours, theirs, steps, rows = [], [], 0, 0
+    for _ in range(reps):
+        before = eng.stats()
+        ours.append(useful / await engine_run(eng, batch, lengths))
+        after = eng.stats()
+        steps, rows = after["steps"] - before["steps"], after["batch_rows"] - before["batch_rows"]
+        t = 0.0
+        for i in range(0, n, batch_size):
+            t += hf_run(eng.model, batch[i : i + batch_size], max(lengths[i : i + batch_size]))
+        theirs.append(useful / t)
+    hf_steps = sum(max(lengths[i : i + batch_size]) for i in range(0, n, batch_size))
+    o, h = statistics.median(ours), statistics.median(theirs)
+    table(f"2. mixed lengths: {n} requests queued at once, max_new_tokens in {lo}..{hi} ({useful} tokens), "
+          f"batch {batch_size} (median of {reps})",
+          ["engine useful tok/s", "HF static-batch useful tok/s", "ratio", "engine steps (mean batch)",
+           "HF steps (batch)"],
+          [[f"{o:,.0f}", f"{h:,.0f}", f"{o / h:.2f}x", f"{steps} ({rows / max(steps, 1):.1f})",
+            f"{hf_steps} ({batch_size})"]])
+
+
+async def sessions(eng_reuse: EmbeddedEngine, eng_plain: EmbeddedEngine, n_sessions: int, turns: int,
+                   user: int, new: int) -> None:
+    """Turn by turn, the same requests go to the engine with the session cache and then to
+    one without it (same weights: outputs must be identical)."""
+    rows = [prompts(1, user, 1000 + s)[0] for s in range(n_sessions)]
+    sp = SamplingParams(temperature=0, max_new_tokens=new)
+    table_rows = []
+    for turn in range(turns):
+        measured = {}
+        for name, eng in (("reuse", eng_reuse), ("plain", eng_plain)):
+            t = time.perf_counter()
+            res = await asyncio.gather(*(eng.generate(GenerateRequest(r, sp, session_id=f"s{s}"))
+                                         for s, r in enumerate(rows)))
+            measured[name] = (time.perf_counter() - t, res)
+        (wall_a, res_a), (wall_b, res_b) = measured["reuse"], measured["plain"]
+        assert [r.output_ids for r in res_a] == [r.output_ids for r in res_b], "reuse changed the outputs"
+        ttft_a = statistics.median(r.info["ttft_s"] for r in res_a)
+        ttft_b = statistics.median(r.info["ttft_s"] for r in res_b)
+        cached = statistics.median(r.cached_tokens for r in res_a)
+        table_rows.append([str(turn + 1), str(len(rows[0])), f"{cached:.0f}", f"{1000 * ttft_a:.0f}",
+                           f"{1000 * ttft_b:.0f}", f"{1000 * wall_a:.0f}", f"{1000 * wall_b:.0f}",
+                           f"{wall_b / wall_a:.2f}x"])
+        rows = [r + out.output_ids + prompts(1, user, 2000 + 100 * s + turn)[0]
+                for s, (r, out) in enumerate(zip(rows, res_a))]
+    st = eng_reuse.stats()
+    table(f"3. prefix reuse: {n_sessions} concurrent sessions x {turns} turns (+{user} prompt tokens, {new} new "
+          f"per turn); hit rate {st['session_hit_rate']:.3f}, prompt-token hit rate "
+          f"{st['session_token_hit_rate']:.3f}; outputs identical with and without reuse",
+          ["turn", "prompt", "cached", "TTFT ms reuse", "TTFT ms none", "turn ms reuse", "turn ms none", "speed-up"],
+          table_rows)
+
+
+async def main(args: argparse.Namespace) -> None:
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, dtype {args.dtype}, "
+          f"cpu count {os.cpu_count()}")
+    eng = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, max_batch_size=32)
+    batches = [1, 8] if args.quick else [1, 8, 32]
+    await decode_throughput(eng, args.reps, batches, 32 if args.quick else 128)
+    await mixed_lengths(eng, max(1, args.reps // 2), 32 if args.quick else args.mixed_requests, 16,
+                        64 if args.quick else 256)
+    plain = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, session_cache_tokens=0)
+    await sessions(eng, plain, 4, 4 if args.quick else 8, 128, 32)
+    await eng.aclose()
+    await plain.aclose()
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--mixed-requests", type=int, default=128)
+    p.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    asyncio.run(main(p.parse_args()))

@@ -1,0 +1,111 @@
+"""``miles tito``: the TITO conformance check and a standalone session server."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import click
+
+from miles_engine.cli.common import console, echo_json, option_flag, parse_options, table
+
+ENGINES = "random | embedded | none | an SGLang-compatible URL"
+
+
+@click.group()
+def tito() -> None:
+    """Token-in/token-out sessions: conformance check, session server."""
+
+
+async def _roundtrip(kind: str, model: str | None, codec: Any, convs: list[Any], seed: int, max_tokens: int) -> Any:
+    """Build the engine and run the round trip in one event loop (HTTP clients bind to it)."""
+    from miles_engine.tito.check_engine import engine_roundtrip
+    from miles_engine.tito.serve import build_engine
+    from miles_engine.tito.testing import ScriptedEngine, random_policy
+
+    if kind == "random":
+        engine = ScriptedEngine(codec.tokenizer, random_policy(codec.tokenizer, codec.stop_ids[:1], seed=seed))
+    elif kind == "embedded":
+        engine = await build_engine(model or "tiny:qwen3", None, codec.tokenizer)
+    else:
+        engine = await build_engine(None, kind, codec.tokenizer)
+    try:
+        return await engine_roundtrip(codec, convs, engine, max_tokens=max_tokens)
+    finally:
+        close = getattr(engine, "aclose", None)
+        if close is not None:
+            await close()
+
+
+@tito.command("check")
+@click.option("--family", required=True, help="Chat family: a registered name (qwen3, glm, chatml) or dotted path.")
+@click.option("--tokenizer", "tokenizer_spec", required=True,
+              help="tokenizer.json, a model directory, or builtin:qwen3 / builtin:bpe-<family>.")
+@click.option("--conversations", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="JSON / JSON-lines conversations (default: the built-in representative set).")
+@option_flag
+@click.option("--engine", "engine_kind", default="random", show_default=True, help=f"End-to-end engine: {ENGINES}.")
+@click.option("--model", default=None, help="Model for --engine embedded (default tiny:qwen3 sized to the tokenizer).")
+@click.option("--max-tokens", default=24, show_default=True, type=click.IntRange(1))
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option("--json", "as_json", is_flag=True)
+def check(family: str, tokenizer_spec: str, conversations: str | None, options: tuple[str, ...], engine_kind: str,
+          model: str | None, max_tokens: int, seed: int, as_json: bool) -> None:
+    """Check that FAMILY renders append-only, merges boundaries, parses its own turns, and that
+    rows served through the session server equal the engine's sampled ids exactly."""
+    from miles_engine.tito import make_codec
+    from miles_engine.tito.check import check_rendering
+    from miles_engine.tito.conversations import adapt, builtin_conversations, load_conversations
+
+    codec = make_codec(family, tokenizer_spec, options=parse_options(options))
+    convs = load_conversations(conversations) if conversations else [
+        adapt(c, has_reasoning=codec.family.has_reasoning) for c in builtin_conversations()]
+    findings = check_rendering(codec, convs)
+    if engine_kind != "none" and all(f.ok for f in findings):
+        findings += asyncio.run(_roundtrip(engine_kind, model, codec, convs, seed, max_tokens))
+    failed = [f for f in findings if not f.ok]
+    if as_json:
+        echo_json({"family": codec.name, "tokenizer": tokenizer_spec, "passed": not failed,
+                   "findings": [f.to_dict() for f in findings]})
+    else:
+        rows = [(f.check, f.conversation, "info" if f.info else ("ok" if f.ok else "FAIL"), f.message)
+                for f in findings]
+        console().print(table(f"tito check: family {codec.name}", ["check", "conversation", "result", "detail"], rows))
+        click.echo(f"{'FAILED' if failed else 'passed'}: {len(findings) - len(failed)}/{len(findings)} findings ok")
+    if failed:
+        sys.exit(1)
+
+
+@tito.command("serve")
+@click.option("--family", required=True, help="Chat family (registered name or dotted path).")
+@click.option("--model", default=None, help="Embedded engine model: directory, .gguf, config.json or tiny:<type>.")
+@click.option("--engine-url", default=None, help="Use an SGLang-compatible server instead of the embedded engine.")
+@click.option("--tokenizer", "tokenizer_spec", default=None, help="Default: the model directory.")
+@option_flag
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int, help="0 picks a free port.")
+@click.option("--port-file", default=None)
+@click.option("--mode", type=click.Choice(["linear", "branching"]), default="linear", show_default=True)
+@click.option("--matcher", default="strict", show_default=True)
+@click.option("--record-routed-experts", is_flag=True)
+@click.option("--threads", default=None, type=click.IntRange(1))
+def serve(family: str, model: str | None, engine_url: str | None, tokenizer_spec: str | None, options: tuple[str, ...],
+          host: str, port: int, port_file: str | None, mode: str, matcher: str, record_routed_experts: bool,
+          threads: int | None) -> None:
+    """Start an engine and a TITO session server (POST /sessions → an OpenAI base_url)."""
+    from miles_engine.tito import make_codec
+    from miles_engine.tito.serve import build_engine, default_tokenizer, run_session_server
+    from miles_engine.tito.service import SessionServerConfig
+
+    codec = make_codec(family, default_tokenizer(model, tokenizer_spec), options=parse_options(options))
+    config = SessionServerConfig(mode=mode, matcher=matcher, record_routed_experts=record_routed_experts)
+
+    async def main() -> None:
+        engine = await build_engine(model, engine_url, codec.tokenizer, threads=threads)
+        await run_session_server(engine, codec, host=host, port=port, port_file=port_file, config=config)
+
+    try:
+        asyncio.run(main())
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,262 @@
+"""``EmbeddedEngine``: the in-process PyTorch rollout engine (implements ``RolloutEngine``).
+
+    engine = EmbeddedEngine.from_model("tiny:qwen3")            # or a dir, config, .gguf, model
+    res = await engine.generate(GenerateRequest(input_ids=[1, 2, 3],
+                                                sampling=SamplingParams(temperature=0)))
+    await engine.pause("retract"); await engine.update_weights(state); await engine.resume()
+    await engine.aclose()
+
+Every method is a coroutine safe to call concurrently from any event loop (each request keeps
+the loop that submitted it). Work runs on one engine thread (see ``scheduler``): control
+calls (pause, resume, abort, weight updates) take effect between two forward passes.
+
+Semantics worth knowing:
+- ``output_logprobs``: log-prob of each sampled token under the distribution it was drawn
+  from (after temperature, top-k, top-p and renormalisation); greedy: log-softmax of the raw
+  logits. ``weight_versions[i]``: version of the weights whose forward produced token i.
+- ``routed_experts`` (MoE only): ``[output_tokens, moe_layers, top_k]``; row i is the routing
+  of the forward position whose logits sampled output token i (SGLang's last rows).
+  ``info["prompt_routed_experts"]`` holds the rows of the prompt positions before that
+  (``prompt_tokens - 1`` rows), so together they are SGLang's full ``seqlen - 1`` rows.
+- ``session_id``: prefix reuse, see ``sessions``; ``cached_tokens`` = reused prompt tokens.
+- ``update_weights`` while not paused applies between two steps (like ``in_place``).
+- ``info``: ``session_hit``, ``session_hit_rate`` (engine-wide, session requests only),
+  ``retractions``, ``latency_s``, ``ttft_s``, ``abort_message``, ``prompt_routed_experts``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import ValidationError
+
+from miles_engine.engines.embedded import weights as W
+from miles_engine.engines.embedded.loading import load_model
+from miles_engine.engines.embedded.options import EmbeddedEngineOptions
+from miles_engine.engines.embedded.runner import ModelRunner
+from miles_engine.engines.embedded.sampler import RowParams
+from miles_engine.engines.embedded.scheduler import Scheduler
+from miles_engine.engines.embedded.sequence import Sequence
+from miles_engine.engines.errors import EngineUnavailable
+from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, SamplingParams, TensorMeta
+from miles_engine.errors import EngineRequestError
+
+_PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+def _eos_ids(model: Any) -> frozenset[int]:
+    ids: set[int] = set()
+    for cfg in (getattr(model, "generation_config", None), model.config):
+        value = getattr(cfg, "eos_token_id", None) if cfg is not None else None
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return frozenset(ids)
+
+
+class EmbeddedEngine:
+    """In-process rollout engine over any transformers causal LM (CPU or GPU).
+
+    Build it with :meth:`from_model`. The constructor takes a ready model as is (it becomes
+    the engine's own: weights change only through :meth:`update_weights`; ``options.dtype`` /
+    ``device`` are not applied to it) and starts the engine thread.
+    """
+
+    def __init__(self, model: Any, options: EmbeddedEngineOptions | None = None, *, model_path: str | None = None) -> None:
+        self.options = options or EmbeddedEngineOptions()
+        self.model = model.eval()
+        self.model_path = model_path
+        config = model.config
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        limit = int(getattr(text, "max_position_embeddings", 0) or 0) or 1 << 20
+        self.max_context_len = min(self.options.max_context or limit, limit)
+        self.eos_token_ids = _eos_ids(model)
+        if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
+            model.set_attn_implementation("sdpa")  # our 4-D ragged masks need sdpa or eager
+        pad = getattr(config, "pad_token_id", None)
+        pad = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else 0
+        self._runner = ModelRunner(model, pad_token_id=pad)
+        self._tensors = W.model_tensors(model)
+        self._meta = W.metadata(self._tensors)
+        self._seeds = itertools.count()
+        self._closed = False
+        self._sched = Scheduler(
+            self._runner, max_batch_size=self.options.max_batch_size,
+            max_prefill_tokens=self.options.max_prefill_tokens,
+            session_cache_tokens=self.options.session_cache_tokens,
+            num_threads=self.options.num_threads, tensors=self._tensors)
+
+    @classmethod
+    def from_model(cls, source: Any, *, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 64,
+                   max_context: int | None = None, num_threads: int | None = 1, seed: int = 0,
+                   **options: Any) -> EmbeddedEngine:
+        """Build from a model directory, a ``.gguf`` file, a ``config.json`` path, a config
+        (dict / ``PretrainedConfig``; random init seeded by ``seed``), a ``tiny:<type>[,k=v]``
+        spec, or a model instance (deep-copied). More keys: :class:`EmbeddedEngineOptions`."""
+        opts = EmbeddedEngineOptions(dtype=dtype, device=device, max_batch_size=max_batch_size,
+                                     max_context=max_context, num_threads=num_threads, seed=seed, **options)
+        if opts.num_threads:
+            torch.set_num_threads(opts.num_threads)
+        model, desc = load_model(source, dtype=opts.dtype, device=opts.device, seed=opts.seed,
+                                 attn_implementation=opts.attn_implementation)
+        return cls(model, opts, model_path=desc)
+
+    # ------------------------------------------------------------------ introspection
+    @property
+    def weight_version(self) -> int:
+        return self._sched.version
+
+    @property
+    def is_moe(self) -> bool:
+        return self._runner.capture.is_moe
+
+    @property
+    def num_moe_layers(self) -> int | None:
+        return self._runner.capture.num_layers if self.is_moe else None
+
+    @property
+    def moe_top_k(self) -> int | None:
+        return self._runner.capture.top_k if self.is_moe else None
+
+    def weight_metadata(self) -> list[TensorMeta]:
+        return list(self._meta)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters (requests, steps, tokens, mean batch), session-cache hit rates, memory."""
+        s = self._sched
+        c = dict(s.counters)
+        c["mean_batch"] = c["batch_rows"] / c["steps"] if c["steps"] else 0.0
+        c.update(s.sessions.stats())
+        c.update(running=len(s.running), waiting=len(s.waiting), paused=s.paused, weight_version=s.version,
+                 busy_s=s.busy_s, kv_batch_bytes=self._runner.batch.nbytes())
+        return c
+
+    async def health(self) -> bool:
+        return not self._closed and self._sched.alive and self._sched.error is None
+
+    # ------------------------------------------------------------------ generation
+    def _check(self, request: GenerateRequest) -> tuple[SamplingParams, list[int]]:
+        sp = request.sampling
+        try:
+            if isinstance(sp, Mapping):
+                sp = SamplingParams.model_validate(dict(sp))
+            elif not isinstance(sp, SamplingParams):
+                raise EngineRequestError(f"sampling must be SamplingParams or a dict, got {type(sp).__name__}")
+            else:
+                sp = SamplingParams.model_validate(sp.model_dump())  # catches model_construct bypasses
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "sampling"
+            raise EngineRequestError(f"bad sampling params: {where}: {first.get('msg')}") from None
+        raw = request.input_ids
+        ids = raw.tolist() if hasattr(raw, "tolist") else list(raw)  # tensors / arrays too
+        if not ids:
+            raise EngineRequestError("input_ids is empty: a prompt needs at least one token")
+        for i, t in enumerate(ids):
+            if isinstance(t, bool) or not isinstance(t, int):
+                try:
+                    import numpy as np  # numpy ints are fine
+                    ok = isinstance(t, np.integer)
+                except ImportError:  # pragma: no cover
+                    ok = False
+                if not ok:
+                    raise EngineRequestError(f"input_ids[{i}] = {t!r} is not an integer token id")
+            if not 0 <= int(t) < self.vocab_size:
+                raise EngineRequestError(
+                    f"input_ids[{i}] = {int(t)} is out of vocabulary (valid ids: 0..{self.vocab_size - 1})")
+        if len(ids) >= self.max_context_len:
+            raise EngineRequestError(
+                f"prompt of {len(ids)} tokens does not fit the context of {self.max_context_len} tokens "
+                f"(it must leave room for at least one new token)")
+        if request.return_routed_experts and not self.is_moe:
+            raise EngineRequestError("return_routed_experts was requested but the model is dense (no MoE layers)")
+        return sp, [int(t) for t in ids]
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        if self._closed or not self._sched.alive:
+            raise EngineUnavailable("the embedded engine is closed")
+        sp, ids = self._check(request)
+        generator = None
+        if sp.temperature > 0:
+            seed = sp.seed if sp.seed is not None else (self.options.seed * 1_000_003 + next(self._seeds)) % (1 << 62)
+            generator = torch.Generator(device=self._runner.device).manual_seed(seed)
+        loop = asyncio.get_running_loop()
+        seq = Sequence(
+            request=request, prompt=ids,
+            params=RowParams(float(sp.temperature), float(sp.top_p), int(sp.top_k)),
+            generator=generator, stop_ids=frozenset(sp.stop_token_ids) | self.eos_token_ids,
+            max_new_tokens=min(sp.max_new_tokens, self.max_context_len - len(ids)),
+            loop=loop, future=loop.create_future())
+        self._sched.post("add", seq)
+        try:
+            return await seq.future
+        except asyncio.CancelledError:
+            with contextlib.suppress(EngineUnavailable):
+                self._sched.call_soon(lambda: self._sched.abort(request.request_id), lambda *_: None)
+            raise
+
+    # ------------------------------------------------------------------ control
+    async def _call(self, fn: Any) -> Any:
+        if not self._sched.alive:
+            raise EngineUnavailable("the embedded engine is closed")
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+
+        def done(value: Any, exc: BaseException | None) -> None:
+            def _set() -> None:
+                if fut.done():
+                    return
+                fut.set_exception(exc) if exc is not None else fut.set_result(value)
+            try:
+                loop.call_soon_threadsafe(_set)
+            except RuntimeError:
+                pass
+
+        self._sched.call_soon(fn, done)
+        return await fut
+
+    async def pause(self, mode: PauseMode = "retract") -> None:
+        """Stop stepping. ``abort``: in-flight and queued requests finish with ``abort``;
+        ``retract``: running requests drop their KV and go back to the queue, to be
+        re-prefilled (prompt + tokens so far) after :meth:`resume`; ``in_place``: they keep
+        their KV and continue after :meth:`resume`. New requests queue while paused."""
+        if mode not in _PAUSE_MODES:
+            raise EngineRequestError(f"unknown pause mode {mode!r}; allowed: {', '.join(_PAUSE_MODES)}")
+        await self._call(lambda: self._sched.pause(mode))
+
+    async def resume(self) -> None:
+        await self._call(self._sched.resume)
+
+    async def abort(self, request_id: str) -> bool:
+        """Finish a queued or running request with ``abort`` (partial output kept)."""
+        return await self._call(lambda: self._sched.abort(request_id))
+
+    async def update_weights(self, weights: Mapping[str, Any] | Path | str, *, version: int | None = None) -> int:
+        """Load named tensors (a subset of :meth:`weight_metadata` names is fine) or every
+        ``*.safetensors`` file of a directory. Names, shapes and dtypes are all checked first;
+        a mismatch raises :class:`WeightUpdateError` and nothing changes. Tensors are copied in
+        between two forward passes; the version becomes ``version`` or the old one + 1, and the
+        session prefix cache is dropped. Returns the new version."""
+        if isinstance(weights, (str, Path)):
+            tensors = await asyncio.to_thread(W.from_safetensors, Path(weights), self._tensors)
+        else:
+            tensors = W.from_mapping(weights, self._tensors)
+        return await self._call(lambda: self._sched.update_weights(tensors, version))
+
+    async def aclose(self) -> None:
+        """Stop the engine thread; requests still queued or running finish with ``abort``."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(EngineUnavailable):
+            self._sched.post("close")
+        await asyncio.to_thread(self._sched.thread.join, 30.0)
+        self._runner.capture.close()

@@ -1,0 +1,31 @@
+"""Typed options of the embedded engine (importable without torch)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class EmbeddedEngineOptions(BaseModel):
+    """How the embedded engine runs a model. Unknown keys are an error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    device: str = Field("cpu", description="torch device string: cpu, cuda, cuda:1, ...")
+    max_batch_size: int = Field(64, ge=1, description="most sequences decoded in one step")
+    max_context: int | None = Field(
+        None, ge=2, description="prompt + output token limit; default: the model's max_position_embeddings"
+    )
+    num_threads: int | None = Field(
+        1, ge=1, description="torch intra-op threads (process-wide setting); None leaves torch's default"
+    )
+    seed: int = Field(0, description="seeds random init from a config and the streams of unseeded requests")
+    session_cache_tokens: int = Field(
+        1 << 17, ge=0, description="token budget of the per-session prefix-cache LRU (0 disables reuse)"
+    )
+    max_prefill_tokens: int = Field(
+        8192, ge=1, description="padded tokens per batched prefill forward (a longer prompt runs alone)"
+    )
+    attn_implementation: str = Field("sdpa", description="transformers attention implementation")

@@ -1,0 +1,302 @@
+"""The engine thread: continuous batching at step granularity.
+
+One dedicated thread owns the model, the running batch and the session cache. Each iteration
+it (1) runs the commands queued by the event-loop side (new requests, abort, pause, resume,
+weight updates — so they always land *between* two forward passes), then, unless paused,
+(2) admits waiting requests up to ``max_batch_size`` — batched prefill, first token sampled,
+rows join the running batch — and (3) runs one decode step for every running row. A finished
+request leaves the batch at once and its result goes back to the caller's loop with
+``call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from miles_engine.engines.embedded import weights as W
+from miles_engine.engines.embedded.runner import ModelRunner, PrefillItem
+from miles_engine.engines.embedded.sampler import sample
+from miles_engine.engines.embedded.sequence import Sequence, resolve
+from miles_engine.engines.embedded.sessions import SessionEntry, SessionStore
+from miles_engine.engines.errors import EngineUnavailable
+from miles_engine.engines.protocol import FinishReason, PauseMode
+
+log = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, runner: ModelRunner, *, max_batch_size: int, max_prefill_tokens: int,
+                 session_cache_tokens: int, num_threads: int | None, tensors: dict[str, torch.Tensor]) -> None:
+        self.runner = runner
+        self.max_batch_size = max_batch_size
+        self.max_prefill_tokens = max_prefill_tokens
+        self.num_threads = num_threads
+        self.tensors = tensors
+        self.sessions = SessionStore(session_cache_tokens)
+        self.version = 0
+        self.paused = False
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # running[i].row == i
+        self.by_id: dict[str, Sequence] = {}
+        self.counters = dict(requests=0, finished=0, aborted=0, steps=0, output_tokens=0, prefill_forwards=0,
+                             prefill_tokens=0, batch_rows=0, retracted=0, weight_updates=0, errors=0)
+        self.busy_s = 0.0
+        self._inbox: deque[tuple[Any, ...]] = deque()
+        self._cv = threading.Condition()
+        self._closing = False
+        self._stopped = False  # set (under the lock) once the thread no longer reads the inbox
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._main, name="miles-embedded-engine", daemon=True)
+        self.thread.start()
+
+    # ------------------------------------------------------------------ any thread
+    def post(self, *cmd: Any) -> None:
+        with self._cv:
+            if self._stopped:
+                raise EngineUnavailable("the embedded engine is closed")
+            self._inbox.append(cmd)
+            self._cv.notify()
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive() and not self._closing
+
+    # ------------------------------------------------------------------ engine thread
+    def _main(self) -> None:
+        if self.num_threads:
+            torch.set_num_threads(self.num_threads)
+        with torch.inference_mode():
+            self._run()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cv:
+                    while not self._inbox and not self._has_work():
+                        self._cv.wait()
+                    cmds = list(self._inbox)
+                    self._inbox.clear()
+                for cmd in cmds:
+                    self._handle(cmd)
+                if self._closing:
+                    break
+                if self._has_work():
+                    t = time.perf_counter()
+                    try:
+                        self._step()
+                    except Exception as exc:  # a failed forward fails its requests, not the engine
+                        log.exception("embedded engine step failed")
+                        self._fail_running(exc)
+                    self.busy_s += time.perf_counter() - t
+        except BaseException as exc:  # pragma: no cover - the thread itself died
+            self.error = exc
+            log.exception("embedded engine thread died")
+        finally:
+            self._shutdown()
+
+    def _has_work(self) -> bool:
+        return not self.paused and bool(self.running or self.waiting)
+
+    def _handle(self, cmd: tuple[Any, ...]) -> None:
+        kind = cmd[0]
+        if kind == "add":
+            seq: Sequence = cmd[1]
+            self.counters["requests"] += 1
+            self.by_id[seq.rid] = seq
+            self.waiting.append(seq)
+        elif kind == "call":
+            fn, done = cmd[1], cmd[2]
+            try:
+                done(fn(), None)
+            except BaseException as exc:
+                done(None, exc)
+        elif kind == "close":
+            self._closing = True
+
+    def _shutdown(self) -> None:
+        self._closing = True
+        with self._cv:
+            self._stopped = True
+            cmds = list(self._inbox)
+            self._inbox.clear()
+        for cmd in cmds:
+            if cmd[0] == "add":
+                self.by_id[cmd[1].rid] = cmd[1]
+                self.waiting.append(cmd[1])
+            elif cmd[0] == "call":
+                cmd[2](None, EngineUnavailable("the embedded engine is closed"))
+        for seq in list(self.running) + list(self.waiting):
+            self._finish(seq, "abort", abort_message="engine closed", save=False)
+        self.runner.batch.clear()
+
+    # ------------------------------------------------------------------ stepping
+    def _step(self) -> None:
+        self._admit()
+        if self.running:
+            self._decode()
+
+    def _admit(self) -> None:
+        """Admit waiting requests (FIFO) into the free rows; prefill them in batches of
+        similar length, each at most ``max_prefill_tokens`` padded tokens (a longer prompt
+        runs alone)."""
+        free = self.max_batch_size - len(self.running)
+        admitted = [self.waiting.popleft() for _ in range(min(free, len(self.waiting)))]
+        admitted.sort(key=lambda s: len(s.tokens))
+        chunk: list[Sequence] = []
+        for seq in admitted:
+            if chunk and (len(chunk) + 1) * len(seq.tokens) > self.max_prefill_tokens:
+                self._prefill(chunk)
+                chunk = []
+            chunk.append(seq)
+        if chunk:
+            self._prefill(chunk)
+
+    def _prefill(self, seqs: list[Sequence]) -> None:
+        items = []
+        for seq in seqs:
+            tokens = seq.tokens
+            hit = None
+            if seq.cached_tokens is None:  # first admission: try the session's cached prefix
+                if seq.request.session_id is not None and self.sessions.max_tokens > 0:
+                    hit = self.sessions.lookup(seq.request.session_id, tokens, self.version)
+                seq.cached_tokens = hit.length if hit else 0
+                seq.session_hit = hit is not None
+            start = hit.length if hit else 0
+            if hit is not None and hit.routing is not None:
+                seq.add_routing(hit.routing, 0)
+            items.append(PrefillItem(tokens[start:], start, hit))
+        try:
+            logits, routing, cache = self.runner.prefill(items)
+        except Exception as exc:
+            log.exception("embedded engine prefill failed")
+            for seq in seqs:
+                self._fail(seq, exc)
+            return
+        self.counters["prefill_forwards"] += 1
+        self.counters["prefill_tokens"] += sum(len(it.tokens) for it in items)
+        rows = self.runner.batch.add_rows(cache)
+        for seq, row, item, r in zip(seqs, rows, items, routing):
+            seq.row = row
+            self.running.append(seq)
+            if r is not None:
+                seq.add_routing(r, item.start)
+        self._emit(seqs, logits)
+
+    def _decode(self) -> None:
+        seqs = list(self.running)
+        tokens = [s.output[-1] for s in seqs]
+        positions = [len(s.prompt) + len(s.output) - 1 for s in seqs]
+        logits, routing = self.runner.decode(tokens, positions)
+        if routing is not None:
+            for i, s in enumerate(seqs):
+                s.add_routing(routing[i : i + 1], positions[i])
+        self.counters["steps"] += 1
+        self.counters["batch_rows"] += len(seqs)
+        self._emit(seqs, logits)
+
+    def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        tokens, logprobs = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        now = time.perf_counter()
+        self.counters["output_tokens"] += len(seqs)
+        for seq, tok, lp in zip(seqs, tokens, logprobs):
+            seq.output.append(tok)
+            seq.logprobs.append(lp)
+            seq.versions.append(self.version)
+            if seq.t_first is None:
+                seq.t_first = now
+            if tok in seq.stop_ids:
+                self._finish(seq, "stop")
+            elif len(seq.output) >= seq.max_new_tokens:
+                self._finish(seq, "length")
+
+    # ------------------------------------------------------------------ leaving
+    def _release_row(self, seq: Sequence, save: bool) -> None:
+        if seq.row is None:
+            return
+        sid = seq.request.session_id
+        if save and sid is not None and not seq.kv_stale and self.sessions.max_tokens > 0:
+            keys, values, _ = self.runner.batch.row_tokens(seq.row)
+            n = keys[0].shape[1] if keys else 0
+            rows = seq.routing_rows()
+            routing = rows[:n].clone() if rows is not None and rows.shape[0] >= n else None
+            self.sessions.put(sid, SessionEntry(seq.tokens, keys, values, routing, self.version))
+        r = seq.row
+        moved = self.runner.batch.remove_row(r)
+        last = self.running.pop()
+        if moved is not None:
+            last.row = r
+            self.running[r] = last
+        seq.row = None
+
+    def _finish(self, seq: Sequence, reason: FinishReason, *, save: bool = True, **info: Any) -> None:
+        if seq.finished:
+            return
+        self._release_row(seq, save)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self.by_id.pop(seq.rid, None)
+        self.counters["finished"] += 1
+        if reason == "abort":
+            self.counters["aborted"] += 1
+        if seq.request.session_id is not None:
+            look = self.sessions.lookups
+            info.setdefault("session_hit_rate", self.sessions.hits / look if look else 0.0)
+        resolve(seq, seq.result(reason, **info))
+
+    def _fail(self, seq: Sequence, exc: BaseException) -> None:
+        self.counters["errors"] += 1
+        self._release_row(seq, save=False)
+        self.by_id.pop(seq.rid, None)
+        resolve(seq, error=RuntimeError(f"embedded engine failed on request {seq.rid}: {exc!r}"))
+
+    def _fail_running(self, exc: BaseException) -> None:
+        for seq in list(self.running):
+            self._fail(seq, exc)
+        self.running.clear()
+        self.runner.batch.clear()
+
+    # ------------------------------------------------------------------ control (run via "call")
+    def pause(self, mode: PauseMode) -> None:
+        self.paused = True
+        if mode == "abort":
+            for seq in list(self.running) + list(self.waiting):
+                self._finish(seq, "abort", abort_message="aborted by pause(mode='abort')")
+        elif mode == "retract":
+            back = list(self.running)
+            for seq in back:
+                seq.row = None
+                seq.retracted += 1
+                seq.kv_stale = False  # re-prefilled on the weights current at resume
+            self.running.clear()
+            self.runner.batch.clear()
+            self.waiting.extendleft(reversed(back))
+            self.counters["retracted"] += len(back)
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def abort(self, request_id: str) -> bool:
+        seq = self.by_id.get(request_id)
+        if seq is None:
+            return False
+        self._finish(seq, "abort", abort_message="aborted by request")
+        return True
+
+    def update_weights(self, tensors: dict[str, torch.Tensor], version: int | None) -> int:
+        W.apply(tensors, self.tensors)
+        self.version = self.version + 1 if version is None else int(version)
+        self.sessions.clear()
+        for seq in self.running:
+            seq.kv_stale = True
+        self.counters["weight_updates"] += 1
+        return self.version
+
+    def call_soon(self, fn: Callable[[], Any], done: Callable[[Any, BaseException | None], None]) -> None:
+        self.post("call", fn, done)

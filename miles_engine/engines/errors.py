@@ -1,0 +1,19 @@
+"""Errors raised by engine transports, the router and the supervisor (not by bad input:
+a request the engine refuses raises :class:`ValueError`, and HTTP maps it to 400)."""
+
+from __future__ import annotations
+
+from miles_engine.errors import MilesError
+
+
+class EngineUnavailable(MilesError):
+    """The engine did not answer (connection refused or reset, process gone, quarantined).
+    Over HTTP this is a 503; the fault-tolerance layer may retry the request elsewhere."""
+
+
+class EngineCrashLoop(EngineUnavailable):
+    """An engine process kept dying on restart; the supervisor gave up (message has the log tail)."""
+
+
+class EngineServerError(RuntimeError):
+    """The engine answered 5xx: a bug or fault inside it, not the caller's input."""

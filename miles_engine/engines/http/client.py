@@ -1,0 +1,195 @@
+"""A :class:`RolloutEngine` over HTTP: one client for our server and for a real SGLang server.
+
+Retries: only idempotent calls (health, pause, resume, abort, weight updates to a fixed version,
+info) are retried on transport errors, with exponential backoff. ``generate`` is sent exactly
+once: a lost connection raises :class:`EngineUnavailable` and the fault-tolerance layer (the
+supervisor) decides whether to re-send it.
+
+Against real SGLang: per-token weight versions come from ``meta_info["weight_versions"]`` spans
+(recent SGLang); older servers report one ``weight_version`` per request, which then fills every
+token and ``result.info["weight_versions_exact"]`` is ``False``. In-memory weight updates are
+spilled to a temporary safetensors directory and loaded with ``/update_weights_from_disk``
+(SGLang's ``/update_weights_from_tensor`` takes pickled CUDA-IPC handles, colocated only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from miles_engine.engines.errors import EngineServerError, EngineUnavailable
+from miles_engine.engines.http import tensors, wire
+from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TensorMeta
+
+log = logging.getLogger(__name__)
+
+
+class HttpEngine:
+    """Client for an SGLang-compatible server at ``base_url``. Call :meth:`connect` once before
+    use (it reads the server kind, weight version and weight metadata)."""
+
+    def __init__(self, base_url: str, *, name: str | None = None, connect_timeout: float = 5.0,
+                 generate_timeout: float | None = 900.0, control_timeout: float = 60.0,
+                 update_timeout: float = 900.0, health_timeout: float = 5.0, retries: int = 3,
+                 backoff_s: float = 0.2, moe_shape: tuple[int, int] | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None, headers: Mapping[str, str] | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.name = name or self.base_url
+        self.moe_shape = moe_shape
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._timeouts = {"generate": generate_timeout, "control": control_timeout,
+                          "update": update_timeout, "health": health_timeout}
+        self._connect_timeout = connect_timeout
+        self._client = httpx.AsyncClient(
+            base_url=self.base_url, transport=transport, headers=dict(headers or {}),
+            timeout=httpx.Timeout(control_timeout, connect=connect_timeout),
+            limits=httpx.Limits(max_connections=1024, max_keepalive_connections=128),
+        )
+        self._version = 0
+        self._metadata: list[TensorMeta] = []
+        self.server_info: dict[str, Any] = {}
+        self.is_miles_server = False
+
+    def __repr__(self) -> str:
+        return f"HttpEngine({self.base_url!r})"
+
+    # ------------------------------------------------------------------ plumbing
+    def _timeout(self, kind: str) -> httpx.Timeout:
+        return httpx.Timeout(self._timeouts[kind], connect=self._connect_timeout)
+
+    async def _call(self, method: str, path: str, *, json: Any = None, kind: str = "control",
+                    idempotent: bool = True, headers: Mapping[str, str] | None = None) -> httpx.Response:
+        attempts = 1 + (self.retries if idempotent else 0)
+        for attempt in range(attempts):
+            if self._client.is_closed:
+                raise EngineUnavailable(f"engine client {self.name} is closed")
+            try:
+                return await self._client.request(method, path, json=json, headers=headers, timeout=self._timeout(kind))
+            except httpx.TransportError as exc:
+                if attempt + 1 >= attempts:
+                    raise EngineUnavailable(f"engine {self.name} did not answer {method} {path}: "
+                                            f"{exc.__class__.__name__}: {exc}") from exc
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
+
+    @staticmethod
+    def _message(resp: httpx.Response) -> str:
+        try:
+            body = resp.json()
+        except ValueError:
+            return resp.text[:500] or resp.reason_phrase
+        if isinstance(body, dict):
+            err = body.get("error")
+            if isinstance(err, dict) and err.get("message"):
+                return str(err["message"])
+            if body.get("message"):  # SGLang's validation / weight-update bodies
+                return str(body["message"])
+        return str(body)[:500]
+
+    def _raise_for(self, resp: httpx.Response, what: str) -> None:
+        if resp.status_code < 400:
+            return
+        msg = f"{self.name} {what}: {self._message(resp)}"
+        if resp.status_code in (400, 404, 422):
+            raise ValueError(msg)
+        if resp.status_code == 503:
+            raise EngineUnavailable(msg)
+        raise EngineServerError(f"HTTP {resp.status_code} from {msg}")
+
+    def _seen_version(self, version: int) -> None:
+        self._version = max(self._version, version)
+
+    # ------------------------------------------------------------------ protocol
+    async def connect(self) -> HttpEngine:
+        resp = await self._call("GET", "/get_server_info")
+        self._raise_for(resp, "get_server_info")
+        self.server_info = resp.json()
+        self.is_miles_server = self.server_info.get("backend") == "miles"
+        resp = await self._call("GET", "/get_weight_version")
+        self._raise_for(resp, "get_weight_version")
+        self._version = wire.parse_version(resp.json().get("weight_version"))
+        if self.is_miles_server:
+            resp = await self._call("GET", "/miles/weight_metadata")
+            self._raise_for(resp, "weight_metadata")
+            self._metadata = [TensorMeta(m["name"], m["dtype"], tuple(m["shape"])) for m in resp.json()]
+        return self
+
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    async def generate(self, request: GenerateRequest) -> GenerateResult:
+        body, headers = wire.request_to_wire(request)
+        resp = await self._call("POST", "/generate", json=body, kind="generate", idempotent=False, headers=headers)
+        self._raise_for(resp, f"generate {request.request_id}")
+        result = wire.result_from_wire(resp.json(), request, self.moe_shape)
+        result.request_id = request.request_id
+        if not request.return_routed_experts:
+            result.routed_experts = None
+        if result.weight_versions:
+            self._seen_version(max(result.weight_versions))
+        return result
+
+    async def pause(self, mode: PauseMode = "retract") -> None:
+        self._raise_for(await self._call("POST", "/pause_generation", json={"mode": mode}), "pause_generation")
+
+    async def resume(self) -> None:
+        self._raise_for(await self._call("POST", "/continue_generation", json={}), "continue_generation")
+
+    async def abort(self, request_id: str) -> bool:
+        resp = await self._call("POST", "/abort_request", json={"rid": request_id})
+        self._raise_for(resp, "abort_request")
+        try:
+            return bool(resp.json().get("success", True))
+        except ValueError:  # real SGLang answers 200 with an empty body
+            return True
+
+    async def update_weights(self, weights: Mapping[str, Any] | Path, *, version: int | None = None) -> int:
+        new = self._version + 1 if version is None else int(version)
+        if isinstance(weights, (str, Path)):
+            await self._update_from_disk(Path(weights), new)
+        elif self.is_miles_server:
+            body = {"serialized_named_tensors": tensors.encode_named_tensors(weights),
+                    "load_format": tensors.TENSOR_LOAD_FORMAT, "weight_version": str(new)}
+            resp = await self._call("POST", "/update_weights_from_tensor", json=body, kind="update")
+            self._raise_for(resp, "update_weights_from_tensor")
+        else:
+            from safetensors.torch import save_file
+
+            with tempfile.TemporaryDirectory(prefix="miles-weights-") as tmp:
+                named = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
+                save_file(named, str(Path(tmp) / "model.safetensors"))
+                await self._update_from_disk(Path(tmp), new)
+        self._version = new
+        return new
+
+    async def _update_from_disk(self, path: Path, version: int) -> None:
+        body = {"model_path": str(path), "weight_version": str(version), "abort_all_requests": False}
+        resp = await self._call("POST", "/update_weights_from_disk", json=body, kind="update")
+        self._raise_for(resp, "update_weights_from_disk")
+        data = resp.json()
+        if isinstance(data, dict) and data.get("success") is False:
+            raise ValueError(f"{self.name} update_weights_from_disk: {data.get('message')}")
+
+    def weight_metadata(self) -> list[TensorMeta]:
+        return list(self._metadata)
+
+    async def health(self) -> bool:
+        """``GET /health`` answered 200; never raises."""
+        if self._client.is_closed:
+            return False
+        try:
+            resp = await self._client.get("/health", timeout=self._timeout("health"))
+        except (httpx.TransportError, RuntimeError):  # RuntimeError: closed concurrently
+            return False
+        return resp.status_code == 200
+
+    async def aclose(self) -> None:
+        await self._client.aclose()

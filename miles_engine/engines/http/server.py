@@ -1,0 +1,264 @@
+"""SGLang-compatible HTTP server for any :class:`RolloutEngine`, running it in the same process.
+
+Endpoints (names, request fields and response shapes as SGLang's
+``srt/entrypoints/http_server.py``): ``POST /generate``, ``GET /health``, ``GET /health_generate``,
+``POST /update_weights_from_disk``, ``POST /update_weights_from_tensor``, ``POST /pause_generation``
+(``{"mode": "abort"|"retract"|"in_place"}``), ``POST /continue_generation``, ``POST /abort_request``
+(``{"rid"}`` or ``{"abort_all": true}``), ``GET /get_weight_version``, ``GET /get_model_info``,
+``GET /get_server_info``; plus ``GET /miles/weight_metadata`` (ours).
+
+Session affinity key: body ``session_id`` (recent SGLang) or ``routing_key`` (SGLang), or the
+``X-SMG-Routing-Key`` header that Miles' session server and sgl-model-gateway send.
+Per-token weight versions: ``meta_info["weight_versions"]`` spans, exactly as recent SGLang.
+Bad input → 400 ``{"error": {"message", "type"}}``; engine faults → 500; the server keeps serving.
+
+Run standalone: ``python -m miles_engine.engines.http.server --model PATH|CONFIG [--port P]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+
+from miles_engine import __version__
+from miles_engine.engines.errors import EngineUnavailable
+from miles_engine.engines.http import DEFAULT_ENGINE_FACTORY, tensors, wire
+from miles_engine.engines.http.wire import BadRequest, error_body
+from miles_engine.engines.protocol import GenerateRequest, RolloutEngine, SamplingParams
+from miles_engine.errors import MilesError
+
+log = logging.getLogger(__name__)
+PAUSE_MODES = ("abort", "retract", "in_place")
+HEALTH_TIMEOUT_S = 20.0
+
+
+def _err(status: int, msg: str, type_: str, /, **extra: Any) -> JSONResponse:
+    return JSONResponse({**extra, **error_body(msg, type_)}, status_code=status)
+
+
+def _classify(exc: BaseException) -> tuple[int, str]:
+    if isinstance(exc, BadRequest):
+        return 400, exc.type
+    if isinstance(exc, EngineUnavailable):
+        return 503, "ServiceUnavailable"
+    if isinstance(exc, (ValueError, MilesError)):
+        return 400, "BadRequestError"
+    return 500, "InternalServerError"
+
+
+async def _json(request: Request, required: bool = True) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        if required:
+            raise BadRequest("the request body is empty; send a JSON object")
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_engine: bool = True) -> FastAPI:
+    """A FastAPI app serving ``engine``; ``close_engine`` closes it on app shutdown."""
+    inflight: dict[str, GenerateRequest] = {}
+    state = {"paused": False, "started": time.time()}
+    weights_lock = asyncio.Lock()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
+        yield
+        if close_engine:
+            await engine.aclose()
+
+    app = FastAPI(title="miles-engine (SGLang-compatible)", lifespan=lifespan)
+
+    @app.exception_handler(BadRequest)
+    async def _bad(_: Request, exc: BadRequest) -> JSONResponse:
+        return _err(400, str(exc), exc.type)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _err(400, str(exc), "BadRequestError")
+
+    async def _run_generate(req: GenerateRequest, request: Request) -> Any:
+        task = asyncio.ensure_future(engine.generate(req))
+        while True:  # abort the request if the client goes away (as SGLang does)
+            done, _ = await asyncio.wait({task}, timeout=0.5)
+            if done:
+                return task.result()
+            if await request.is_disconnected():
+                await engine.abort(req.request_id)
+                return await task
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(request: Request) -> Any:
+        body = await _json(request)
+        req = wire.request_from_wire(body, request.headers)
+        start = wire.routed_experts_start(body)
+        if req.request_id in inflight:
+            raise BadRequest(f"rid {req.request_id!r} is already in flight")
+        inflight[req.request_id] = req
+        try:
+            res = await _run_generate(req, request)
+        except Exception as exc:  # noqa: BLE001 - mapped to an HTTP error, the server keeps serving
+            status, type_ = _classify(exc)
+            if status >= 500:
+                log.exception("generate %s failed", req.request_id)
+            return _err(status, f"{exc.__class__.__name__}: {exc}" if status >= 500 else str(exc), type_)
+        finally:
+            inflight.pop(req.request_id, None)
+        return wire.result_to_wire(res, req, engine.weight_version, start)
+
+    async def _healthy() -> bool:
+        try:
+            return bool(await asyncio.wait_for(engine.health(), HEALTH_TIMEOUT_S))
+        except Exception:  # noqa: BLE001
+            log.exception("health check failed")
+            return False
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200 if await _healthy() else 503)
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        if state["paused"] or inflight:  # busy or paused: a probe would only queue (SGLang skips it too)
+            return await health()
+        probe = GenerateRequest(input_ids=[0], sampling=SamplingParams(temperature=0.0, max_new_tokens=1),
+                                request_id=f"HEALTH_CHECK_{time.time()}")
+        try:
+            await asyncio.wait_for(engine.generate(probe), HEALTH_TIMEOUT_S)
+        except Exception:  # noqa: BLE001
+            log.exception("health_generate probe failed")
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    def _model_attrs() -> dict[str, Any]:
+        keys = ("vocab_size", "max_context_len", "is_moe", "num_moe_layers", "moe_top_k")
+        return {k: getattr(engine, k) for k in keys if getattr(engine, k, None) is not None}
+
+    @app.get("/get_model_info")
+    async def get_model_info() -> dict[str, Any]:
+        path = model_path or getattr(engine, "model_path", None)
+        return {"model_path": str(path) if path else None, "tokenizer_path": str(path) if path else None,
+                "is_generation": True, "preferred_sampling_params": None,
+                "weight_version": str(engine.weight_version), **_model_attrs()}
+
+    @app.get("/get_weight_version")
+    async def get_weight_version() -> dict[str, Any]:
+        return {"weight_version": str(engine.weight_version)}
+
+    @app.get("/get_server_info")
+    async def get_server_info() -> dict[str, Any]:
+        return {"backend": "miles", "version": __version__, "engine": type(engine).__name__,
+                "model_path": str(model_path) if model_path else None, "weight_version": str(engine.weight_version),
+                "internal_states": [{"paused": state["paused"], "num_running_reqs": len(inflight),
+                                     "uptime_s": round(time.time() - state["started"], 3)}]}
+
+    @app.get("/miles/weight_metadata")
+    async def weight_metadata() -> list[dict[str, Any]]:
+        return [{"name": m.name, "dtype": m.dtype, "shape": list(m.shape)} for m in engine.weight_metadata()]
+
+    async def _update(weights: Any, body: dict[str, Any]) -> JSONResponse:
+        raw_version = body.get("weight_version")
+        try:
+            version = None if raw_version is None else wire.parse_version(raw_version)
+        except ValueError as exc:
+            return _err(400, str(exc), "BadRequestError", success=False, message=str(exc))
+        if body.get("abort_all_requests"):
+            await asyncio.gather(*(engine.abort(rid) for rid in list(inflight)))
+        async with weights_lock:
+            try:
+                new = await engine.update_weights(weights, version=version)
+            except Exception as exc:  # noqa: BLE001 - refused update: old weights keep serving
+                status, type_ = _classify(exc)
+                msg = f"weight update refused: {exc}"
+                return _err(status, msg, type_, success=False, message=msg, num_paused_requests=0)
+        return JSONResponse({"success": True, "message": f"Succeeded to update model weights. "
+                             f"Weight version updated to {new}.", "num_paused_requests": 0})
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(request: Request) -> JSONResponse:
+        body = await _json(request)
+        path = body.get("model_path")
+        if not isinstance(path, str) or not path:
+            raise BadRequest("model_path (a safetensors directory) is required")
+        if body.get("load_format") not in (None, "auto", "safetensors"):
+            raise BadRequest(f"load_format {body['load_format']!r} is not supported (safetensors only)")
+        if not Path(path).exists():
+            msg = f"model_path {path!r} does not exist"
+            return _err(400, msg, "BadRequestError", success=False, message=msg, num_paused_requests=0)
+        return await _update(Path(path), body)
+
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(request: Request) -> JSONResponse:
+        body = await _json(request)
+        if body.get("load_format") != tensors.TENSOR_LOAD_FORMAT:
+            raise BadRequest(f"load_format must be {tensors.TENSOR_LOAD_FORMAT!r} (base64 safetensors blobs); "
+                             f"SGLang's pickled MultiprocessingSerializer payloads are refused")
+        named = tensors.decode_named_tensors(body.get("serialized_named_tensors"))
+        return await _update(named, body)
+
+    @app.post("/pause_generation")
+    async def pause_generation(request: Request) -> dict[str, str]:
+        mode = (await _json(request, required=False)).get("mode", "abort")
+        if mode not in PAUSE_MODES:
+            raise BadRequest(f"Invalid mode: {mode!r}. Expected one of {list(PAUSE_MODES)}.")
+        await engine.pause(mode)
+        state["paused"] = True
+        return {"message": "Generation paused successfully.", "status": "ok"}
+
+    @app.post("/continue_generation")
+    async def continue_generation(request: Request) -> dict[str, str]:
+        await _json(request, required=False)
+        await engine.resume()
+        state["paused"] = False
+        return {"message": "Generation continued successfully.", "status": "ok"}
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request) -> dict[str, Any]:
+        body = await _json(request)
+        rid = body.get("rid")
+        if body.get("abort_all"):
+            rids = list(inflight)
+        elif isinstance(rid, str) and rid:
+            rids = [rid]
+        else:
+            raise BadRequest("abort_request needs a string rid or abort_all=true")
+        found = await asyncio.gather(*(engine.abort(r) for r in rids))
+        return {"success": any(found), "aborted": [r for r, ok in zip(rids, found) if ok]}
+
+    return app
+
+
+# --------------------------------------------------------------------------- process entry point
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m miles_engine.engines.http.server", description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="model directory, config.json, .gguf, or tiny:<type> spec")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--port-file", help="write the bound port here once listening (use with --port 0)")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--engine-factory", default=DEFAULT_ENGINE_FACTORY, help="module:function building the engine")
+    p.add_argument("--log-level", default="warning")
+    from miles_engine.engines.http.standalone import run_standalone
+
+    run_standalone(**{k.replace("-", "_"): v for k, v in vars(p.parse_args(argv)).items()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Run one engine behind the SGLang-compatible server in this process: bind (port 0 picks a
+free port, reported through a port file), build the engine from a ``module:function`` factory,
+serve until SIGINT/SIGTERM. Used by ``miles serve`` and ``python -m miles_engine.engines.http.server``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import inspect
+import ipaddress
+import logging
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from miles_engine.engines.http import DEFAULT_ENGINE_FACTORY
+from miles_engine.engines.http.server import create_app
+from miles_engine.engines.protocol import RolloutEngine
+from miles_engine.errors import MilesError
+
+log = logging.getLogger(__name__)
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+async def serve(engine: RolloutEngine, *, host: str = "127.0.0.1", port: int = 0, model_path: str | None = None,
+                port_file: str | None = None, log_level: str = "warning",
+                on_ready: Callable[[int], Any] | None = None) -> None:
+    """Serve ``engine`` until cancelled or signalled. ``port=0`` picks a free port, written to
+    ``port_file`` (atomically) and passed to ``on_ready``."""
+    import uvicorn
+
+    with contextlib.suppress(ValueError):
+        if not ipaddress.ip_address(host).is_loopback:
+            log.warning("serving on %s: this server has no authentication", host)
+    sock = bind_socket(host, port)
+    actual = sock.getsockname()[1]
+    config = uvicorn.Config(create_app(engine, model_path=model_path), log_level=log_level, timeout_keep_alive=5)
+    server = uvicorn.Server(config)
+    if port_file:
+        tmp = Path(f"{port_file}.tmp")
+        tmp.write_text(str(actual))
+        tmp.replace(port_file)
+    if on_ready is not None:
+        on_ready(actual)
+    await server.serve(sockets=[sock])
+
+
+def load_factory(spec: str) -> Callable[..., RolloutEngine | Awaitable[RolloutEngine]]:
+    module, _, attr = spec.partition(":")
+    if not attr:
+        raise MilesError(f"engine factory {spec!r} must look like 'package.module:function'")
+    return getattr(importlib.import_module(module), attr)
+
+
+async def build_engine(factory: str, model: str, *, dtype: str | None = None,
+                       threads: int | None = None) -> RolloutEngine:
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    engine = load_factory(factory)(model, dtype=dtype, threads=threads)
+    return await engine if inspect.isawaitable(engine) else engine
+
+
+def run_standalone(model: str, *, host: str = "127.0.0.1", port: int = 30000, port_file: str | None = None,
+                   dtype: str | None = None, threads: int | None = None,
+                   engine_factory: str = DEFAULT_ENGINE_FACTORY, log_level: str = "warning") -> None:
+    """Build the engine and serve it until SIGINT/SIGTERM (``miles serve`` and ``python -m``)."""
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    async def _run() -> None:
+        engine = await build_engine(engine_factory, model, dtype=dtype, threads=threads)
+        ready = lambda p: print(f"miles-engine serving {model} on http://{host}:{p}", flush=True)  # noqa: E731
+        await serve(engine, host=host, port=port, model_path=model, port_file=port_file,
+                    log_level=log_level, on_ready=ready)
+
+    def _exit(signum: int, _: Any) -> None:  # uvicorn re-raises SIGTERM after its graceful shutdown
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _exit)
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_run())

@@ -1,0 +1,49 @@
+"""Options of the local sandbox backend (validated by the hub; unknown keys are errors)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from miles_engine.sandbox.protocol import DEFAULT_MAX_OUTPUT_BYTES
+
+IsolationChoice = Literal["auto", "namespace", "process"]
+NamespaceTool = Literal["auto", "bwrap", "unshare"]
+
+
+class LocalSandboxOptions(BaseModel):
+    """How the local backend isolates and limits sandboxes.
+
+    Every ``None`` limit means "not limited". Limits are per process (rlimits), except
+    ``max_processes`` which counts all processes of one sandbox's dedicated uid (only
+    enforced when the backend runs as root and can give each sandbox its own uid).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    isolation: IsolationChoice = Field(
+        "auto", description="'auto' takes namespaces when the kernel allows, else processes"
+    )
+    namespace_tool: NamespaceTool = Field(
+        "auto", description="namespace launcher: bubblewrap preferred, util-linux unshare as fallback"
+    )
+    cpu_time_s: int | None = Field(600, gt=0, description="RLIMIT_CPU per process (seconds)")
+    memory_mb: int | None = Field(2048, gt=0, description="RLIMIT_AS per process (MiB)")
+    max_open_files: int | None = Field(1024, gt=0, description="RLIMIT_NOFILE")
+    max_file_size_mb: int | None = Field(256, gt=0, description="RLIMIT_FSIZE (MiB)")
+    max_processes: int | None = Field(256, gt=0, description="RLIMIT_NPROC for the sandbox uid")
+    default_timeout_s: float = Field(120.0, gt=0, description="exec timeout when none is given")
+    max_output_bytes: int = Field(DEFAULT_MAX_OUTPUT_BYTES, gt=0, description="per-stream output cap")
+    kill_grace_s: float = Field(0.5, ge=0, description="SIGTERM-to-SIGKILL grace on timeout")
+    max_transfer_mb: int = Field(2048, gt=0, description="cap on read_file/download_dir transfers")
+    scratch_root: str | None = Field(None, description="parent of per-sandbox scratch dirs (default: TMPDIR)")
+    uid_base: int = Field(2_000_000, ge=1000, description="first uid of the per-sandbox uid pool (root only)")
+    uid_pool_size: int = Field(65_536, gt=0, le=1_000_000)
+    env_passthrough: tuple[str, ...] = Field(
+        (), description="extra host variables to pass in besides the built-in allowlist"
+    )
+    hidden_paths: tuple[str, ...] = Field(
+        (), description="extra host directories hidden (empty tmpfs) in the namespace tier"
+    )
+    keep_scratch: bool = Field(False, description="debug: keep scratch dirs after close")

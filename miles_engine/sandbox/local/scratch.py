@@ -1,0 +1,118 @@
+"""Per-sandbox scratch directories on the host."""
+
+from __future__ import annotations
+
+import atexit
+from concurrent.futures import Future, ThreadPoolExecutor
+import os
+import shutil
+import stat
+import tempfile
+from collections.abc import Iterable
+
+ROOT_DIRS = ("/tmp", "/root")  # private per sandbox in the namespace tier
+
+
+def fs_dir(scratch: str, sandbox_path: str) -> str:
+    return os.path.join(scratch, "fs", sandbox_path.strip("/"))
+
+
+def make_scratch(root: str | None, sandbox_id: str, *, mapped: Iterable[str], ids: tuple[int, int] | None) -> str:
+    """Create ``<root>/miles-<id>-XXXX`` with ``fs/<path>`` for every mapped sandbox path
+    plus ``home`` and ``tmp``; everything owned by the sandbox uid, mode 0700 at the top."""
+    base = root or tempfile.gettempdir()
+    os.makedirs(base, exist_ok=True)
+    scratch = tempfile.mkdtemp(prefix=f"miles-{sandbox_id}-", dir=base)
+    made = [scratch]
+    for sub in ("fs", "home", "tmp", *(os.path.join("fs", p.strip("/")) for p in mapped)):
+        path = os.path.join(scratch, sub)
+        os.makedirs(path, exist_ok=True)
+        made.append(path)
+    for p in mapped:  # intermediate dirs of nested paths too
+        cur = os.path.join(scratch, "fs")
+        for part in p.strip("/").split("/"):
+            cur = os.path.join(cur, part)
+            made.append(cur)
+    if ids is not None:
+        for path in set(made):
+            os.chown(path, *ids)
+    os.chmod(scratch, 0o700)
+    return scratch
+
+
+def _force_writable(func, path, _exc) -> None:
+    """rmtree error hook: sandbox code may leave dirs without write/exec permission."""
+    try:
+        parent = os.path.dirname(path)
+        os.chmod(parent, os.stat(parent).st_mode | stat.S_IRWXU)
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, os.stat(path).st_mode | stat.S_IRWXU)
+        func(path)
+    except OSError:
+        pass
+
+
+def remove_scratch(scratch: str) -> None:
+    shutil.rmtree(scratch, onerror=_force_writable)
+    if os.path.exists(scratch):  # second pass after permissions were fixed
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _mkdirs_owned(path: str, ids: tuple[int, int] | None) -> None:
+    missing = []
+    cur = path
+    while not os.path.isdir(cur):
+        missing.append(cur)
+        cur = os.path.dirname(cur)
+    for d in reversed(missing):
+        os.mkdir(d, 0o755)
+        if ids is not None:
+            os.chown(d, *ids)
+
+
+def seed(host_files: dict[str, bytes], host_dirs: Iterable[str], ids: tuple[int, int] | None) -> None:
+    """Write initial files straight into a *fresh* scratch dir (no sandbox code has run
+    yet, so nothing in it can be a planted symlink)."""
+    for d in host_dirs:
+        _mkdirs_owned(d, ids)
+    for path, data in host_files.items():
+        _mkdirs_owned(os.path.dirname(path), ids)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        if ids is not None:
+            os.chown(path, *ids)
+
+
+_trash: set[str] = set()
+_purger = ThreadPoolExecutor(max_workers=2, thread_name_prefix="miles-scratch-purge")
+
+
+def discard(scratch: str) -> str:
+    """Move a scratch dir out of the way (fast); remove it later with :func:`purge`."""
+    trash = os.path.join(os.path.dirname(scratch), ".trash-" + os.path.basename(scratch))
+    os.rename(scratch, trash)
+    _trash.add(trash)
+    return trash
+
+
+def purge(trash: str) -> None:
+    remove_scratch(trash)
+    _trash.discard(trash)
+
+
+def purge_executor() -> ThreadPoolExecutor:
+    return _purger
+
+
+def purge_later(trash: str) -> Future[None]:
+    """Remove a discarded scratch dir in a background thread (joined at interpreter exit)."""
+    return _purger.submit(purge, trash)
+
+
+def _purge_all() -> None:
+    for t in list(_trash):
+        purge(t)
+
+
+atexit.register(_purge_all)

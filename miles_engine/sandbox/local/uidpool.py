@@ -1,0 +1,106 @@
+"""Per-sandbox unprivileged uids (root only), leased across processes with flock."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import random
+import tempfile
+from dataclasses import dataclass
+
+from miles_engine.errors import SandboxError
+from miles_engine.sandbox.local import procscan
+
+
+def _lock_dir() -> str:
+    for base in ("/run", tempfile.gettempdir()):
+        path = os.path.join(base, "miles-sandbox-uids")
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            st = os.stat(path)
+            if st.st_uid == os.geteuid() and os.access(path, os.W_OK):
+                return path
+        except OSError:
+            continue
+    raise SandboxError("cannot create a lock directory for the sandbox uid pool (/run or TMPDIR)")
+
+
+@dataclass
+class UidLease:
+    uid: int
+    _fd: int | None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            finally:
+                os.close(fd)
+
+
+def lease_uid(base: int, size: int) -> UidLease:
+    """Lease a uid no other sandbox (in any process on this host) is using.
+
+    Blocking (a /proc scan and maybe a kill of leftovers from a crashed owner); call it
+    from a worker thread. The uid need not exist in /etc/passwd.
+    """
+    directory = _lock_dir()
+    start = random.randrange(size)
+    for i in range(min(size, 4096)):
+        uid = base + (start + i) % size
+        fd = os.open(os.path.join(directory, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        # A previous owner may have crashed without closing: nothing of it may survive.
+        if procscan.find_processes(uid=uid):
+            procscan.kill_uid(uid)
+            if procscan.find_processes(uid=uid):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+                continue
+        return UidLease(uid, fd)
+    raise SandboxError(f"no free sandbox uid in {base}..{base + size - 1}: too many live sandboxes")
+
+
+def sweep_stale_scratch(scratch_root: str, base: int, size: int, *, trash_age_s: float = 600.0) -> list[str]:
+    """Remove scratch dirs left by sandboxes whose owner process died (root only: a dir
+    owned by a pool uid whose lease is free has no live owner). Returns what was removed."""
+    import time
+
+    from miles_engine.sandbox.local import scratch
+
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(scratch_root))
+    except OSError:
+        return removed
+    directory = _lock_dir()
+    for entry in entries:
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not entry.is_dir(follow_symlinks=False) or not base <= st.st_uid < base + size:
+            continue
+        if entry.name.startswith(".trash-miles-sbx-") and time.time() - st.st_mtime > trash_age_s:
+            scratch.remove_scratch(entry.path)
+            removed.append(entry.path)
+        elif entry.name.startswith("miles-sbx-"):
+            fd = os.open(os.path.join(directory, f"{st.st_uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue  # a live sandbox owns it
+            try:
+                procscan.kill_uid(st.st_uid)
+                scratch.remove_scratch(entry.path)
+                removed.append(entry.path)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
+    return removed

@@ -1,0 +1,61 @@
+"""Built-in plugin: the ``qwen3``, ``glm`` and ``chatml`` chat families and the ``tito`` /
+``tito-external`` agents, registered through the same hooks as third-party plugins."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from miles_engine import hookimpl
+from miles_engine.components import Component
+
+
+class ThinkingFamilyOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    enable_thinking: bool = Field(True, description="default reasoning mode (requests may override)")
+
+
+class ChatMLOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    default_system: str | None = Field(None, description="system prompt used when a conversation has none")
+
+
+def _qwen3(opts: ThinkingFamilyOptions):  # type: ignore[no-untyped-def]
+    from miles_engine.tito.families.qwen3 import Qwen3Family
+
+    return Qwen3Family(**opts.model_dump())
+
+
+def _glm(opts: ThinkingFamilyOptions):  # type: ignore[no-untyped-def]
+    from miles_engine.tito.families.glm import GLMFamily
+
+    return GLMFamily(**opts.model_dump())
+
+
+def _chatml(opts: ChatMLOptions):  # type: ignore[no-untyped-def]
+    from miles_engine.tito.families.chatml import ChatMLFamily
+
+    return ChatMLFamily(**opts.model_dump())
+
+
+@hookimpl
+def miles_register_chat_families() -> list[Component]:
+    return [
+        Component("qwen3", _qwen3, ThinkingFamilyOptions,
+                  "Qwen3: ChatML + <think> reasoning + <tool_call>{json}</tool_call>"),
+        Component("glm", _glm, ThinkingFamilyOptions,
+                  "GLM-4.5+: [gMASK]<sop>, <|user|>/<|observation|> stop-and-open, XML tool calls"),
+        Component("chatml", _chatml, ChatMLOptions, "plain ChatML (SmolLM2, tiny models), Hermes tool calls"),
+    ]
+
+
+@hookimpl
+def miles_register_agents() -> list[Component]:
+    from miles_engine.tito.agent import TitoAgent, TitoAgentOptions
+    from miles_engine.tito.external import ExternalAgentOptions, ExternalHarnessAgent
+
+    return [
+        Component("tito", TitoAgent, TitoAgentOptions,
+                  "model-driven tool calling through a TITO session server's OpenAI API"),
+        Component("tito-external", ExternalHarnessAgent, ExternalAgentOptions,
+                  "runs a command-line harness against its own session (OPENAI_BASE_URL)"),
+    ]

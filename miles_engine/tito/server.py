@@ -1,0 +1,151 @@
+"""The TITO session server: FastAPI over a :class:`SessionManager` (loopback by default).
+
+Endpoints::
+
+    GET    /health
+    GET    /metrics                                   mismatch rates, overhead percentiles
+    POST   /sessions                                  {"mode"?, "matcher"?, "metadata"?}
+                                                      → {"session_id", "base_url": ".../v1"}
+    GET    /sessions/{id}                             summary
+    DELETE /sessions/{id}
+    GET    /sessions/{id}/trajectories                token rows + diagnostic
+    POST   /sessions/{id}/v1/chat/completions         OpenAI chat completions (JSON or SSE)
+    GET    /sessions/{id}/v1/models
+
+Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from miles_engine.tito.errors import BadRequest, TitoError
+from miles_engine.tito.service import SessionManager
+
+log = logging.getLogger(__name__)
+
+
+def create_app(manager: SessionManager) -> FastAPI:
+    app = FastAPI(title="miles TITO session server", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.manager = manager
+
+    @app.exception_handler(TitoError)
+    async def _tito_error(_: Request, exc: TitoError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("session server error")
+        err = TitoError(f"internal error: {type(exc).__name__}: {exc}")
+        return JSONResponse(err.body(), status_code=500)
+
+    async def read_json(request: Request, *, allow_empty: bool = False) -> Any:
+        raw = await request.body()
+        if not raw.strip():
+            if allow_empty:
+                return {}
+            raise BadRequest("the request body is empty; expected a JSON object")
+        try:
+            return json.loads(raw)
+        except ValueError as exc:
+            raise BadRequest(f"malformed JSON body: {exc}") from None
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "family": manager.codec.name, "sessions": len(manager.sessions)}
+
+    @app.get("/metrics")
+    async def metrics() -> dict[str, Any]:
+        return manager.metrics()
+
+    @app.post("/sessions")
+    async def create_session(request: Request) -> dict[str, Any]:
+        session = manager.create(await read_json(request, allow_empty=True))
+        base = str(request.base_url).rstrip("/")
+        return {"session_id": session.id, "base_url": f"{base}/sessions/{session.id}/v1", "mode": session.mode}
+
+    @app.get("/sessions/{session_id}")
+    async def get_session(session_id: str) -> dict[str, Any]:
+        s = manager.get(session_id)
+        return {"session_id": s.id, "mode": s.mode, "generations": len(s.nodes),
+                "trajectories": len(s.kept_leaves()), "busy": s.busy, "metadata": s.metadata}
+
+    @app.delete("/sessions/{session_id}")
+    async def delete_session(session_id: str) -> dict[str, Any]:
+        return await manager.delete(session_id)
+
+    @app.get("/sessions/{session_id}/trajectories")
+    async def trajectories(session_id: str) -> Response:
+        report = await asyncio.to_thread(manager.trajectories, session_id)
+        return Response(json.dumps(report, ensure_ascii=False), media_type="application/json")
+
+    @app.get("/sessions/{session_id}/v1/models")
+    async def models(session_id: str) -> dict[str, Any]:
+        manager.get(session_id)
+        return {"object": "list", "data": [{"id": manager.config.model_name, "object": "model",
+                                            "created": 0, "owned_by": "miles"}]}
+
+    @app.post("/sessions/{session_id}/v1/chat/completions")
+    async def chat(session_id: str, request: Request) -> Any:
+        manager.get(session_id)
+        completion, req = await manager.chat(session_id, await read_json(request))
+        if req.stream:
+            events = completion.sse(req.include_usage)
+            return StreamingResponse(iter(events), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        return JSONResponse(completion.body())
+
+    return app
+
+
+class ServerThread:
+    """Run the app with uvicorn on ``host:port`` in a background thread (port 0: ephemeral).
+
+    The engine's coroutines run on this thread's event loop.
+    """
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        self.config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off",
+                                     access_log=False)
+        self.server = uvicorn.Server(self.config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True, name="tito-session-server")
+        self.url = ""
+
+    def start(self, timeout: float = 20.0) -> str:
+        self.thread.start()
+        waited = 0.0
+        while not self.server.started:
+            if not self.thread.is_alive() or waited > timeout:
+                raise RuntimeError("the session server did not start")
+            threading.Event().wait(0.02)
+            waited += 0.02
+        sock = self.server.servers[0].sockets[0]
+        host, port = sock.getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+
+
+@contextmanager
+def serve_in_thread(manager: SessionManager, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """``with serve_in_thread(manager) as url:`` — a real HTTP server for the block."""
+    srv = ServerThread(create_app(manager), host, port)
+    url = srv.start()
+    try:
+        yield url
+    finally:
+        srv.stop()
