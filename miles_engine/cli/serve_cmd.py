@@ -20,10 +20,25 @@ from miles_engine.engines.http import DEFAULT_ENGINE_FACTORY
               help="module:function that builds the engine.")
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
-def serve(model: str, host: str, port: int, port_file: str | None, dtype: str | None, threads: int | None,
-          engine_factory: str, log_level: str) -> None:
+@click.option("--family", default=None,
+              help="Serve a TITO session server with this chat family instead (OpenAI API per session).")
+@click.option("--tokenizer", "tokenizer_spec", default=None, help="With --family: tokenizer (default: the model dir).")
+@click.pass_context
+def serve(ctx: click.Context, model: str, host: str, port: int, port_file: str | None, dtype: str | None,
+          threads: int | None, engine_factory: str, log_level: str, family: str | None,
+          tokenizer_spec: str | None) -> None:
     """Serve MODEL on /generate, /health, /update_weights_from_disk|tensor, /pause_generation,
-    /continue_generation, /abort_request, /get_weight_version, /get_model_info (SGLang's names)."""
+    /continue_generation, /abort_request, /get_weight_version, /get_model_info (SGLang's names).
+
+    With --family, start the engine plus a TITO session server instead: POST /sessions gives an
+    OpenAI-compatible base_url whose token rows the server owns (same as `miles tito serve`)."""
+    if family is not None:
+        from miles_engine.cli.tito_cmd import serve as tito_serve
+
+        ctx.invoke(tito_serve, family=family, model=model, engine_url=None, tokenizer_spec=tokenizer_spec,
+                   options=(), host=host, port=port, port_file=port_file, mode="linear", matcher="strict",
+                   record_routed_experts=False, threads=threads)
+        return
     try:
         from miles_engine.engines.http.standalone import run_standalone
     except ImportError as exc:
