@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 import subprocess
@@ -13,6 +14,7 @@ import time
 import pytest
 
 from miles_engine.errors import SandboxError
+from miles_engine.sandbox.local import scratch
 from miles_engine.sandbox.local.backend import LocalSandboxBackend
 from miles_engine.sandbox.local.options import LocalSandboxOptions
 from miles_engine.sandbox.local.procscan import find_processes
@@ -58,9 +60,9 @@ def test_a_sandbox_whose_init_died_reports_dead(ns_backend):
 @needs_ns
 def test_sandbox_dies_with_its_parent_process():
     code = textwrap.dedent("""
-        import asyncio, sys
+        import asyncio
         from miles_engine.sandbox.local.backend import LocalSandboxBackend
-        from miles_engine.sandbox.protocol import Resources, SandboxSpec
+        from miles_engine.sandbox.protocol import SandboxSpec
         async def main():
             sb = await LocalSandboxBackend().create(SandboxSpec())
             await sb.exec("setsid sleep 304 </dev/null >/dev/null 2>&1 &")
@@ -69,9 +71,13 @@ def test_sandbox_dies_with_its_parent_process():
         asyncio.run(main())
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
-        sid, uid = child.stdout.readline().split()
+        line = child.stdout.readline()
+        assert line, child.stderr.read()
+        sid, uid = line.split()
         uid_n = None if uid == "None" else int(uid)
         deadline = time.monotonic() + 5
         while not any("sleep 304" in p.cmdline for p in find_processes(uid=uid_n, sandbox_id=sid)):
@@ -84,19 +90,25 @@ def test_sandbox_dies_with_its_parent_process():
     while time.monotonic() < deadline and find_processes(uid=uid_n, sandbox_id=sid):
         time.sleep(0.1)
     assert find_processes(uid=uid_n, sandbox_id=sid) == []
+    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"miles-{sid}-*")):
+        shutil.rmtree(path)  # its owner died: the next backend's sweep would do this after a minute
 
 
-@needs_root
 def test_stale_scratch_dirs_of_dead_owners_are_swept():
     root = tempfile.mkdtemp(prefix="miles-sweep-test-")
     os.chmod(root, 0o711)
+    old = time.time() - 3600
     try:
-        opts = LocalSandboxOptions(isolation="process", scratch_root=root)
-        stale = os.path.join(root, "miles-sbx-deadbeef0000-x")
-        os.makedirs(os.path.join(stale, "fs", "work"))
-        os.chown(stale, opts.uid_base + 7, opts.uid_base + 7)
-        be = LocalSandboxBackend(opts)
-        assert be._sweep.result(timeout=10) == [stale] and not os.path.exists(stale)
+        dirs = {name: os.path.join(root, name) for name in ("miles-sbx-dead-x", "miles-sbx-live-x", "miles-sbx-new-x")}
+        for path in dirs.values():
+            os.makedirs(os.path.join(path, "fs", "work"))
+        held = scratch.hold(dirs["miles-sbx-live-x"])
+        os.utime(dirs["miles-sbx-dead-x"], (old, old))
+        os.utime(dirs["miles-sbx-live-x"], (old, old))
+        be = LocalSandboxBackend(LocalSandboxOptions(isolation="process", scratch_root=root))
+        assert be._sweep.result(timeout=10) == [dirs["miles-sbx-dead-x"]]
+        assert sorted(os.listdir(root)) == ["miles-sbx-live-x", "miles-sbx-new-x"]
+        os.close(held)
     finally:
         shutil.rmtree(root)
 

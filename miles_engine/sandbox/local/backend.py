@@ -8,7 +8,7 @@ import os
 import tempfile
 
 from miles_engine.errors import SandboxError
-from miles_engine.sandbox.local import scratch, uidpool
+from miles_engine.sandbox.local import scratch
 from miles_engine.sandbox.local.options import LocalSandboxOptions
 from miles_engine.sandbox.local.probe import Probe, probe
 from miles_engine.sandbox.local.sandbox import LocalSandbox
@@ -39,12 +39,11 @@ class LocalSandboxBackend:
                 )
             self.probe = found
         self.root = os.geteuid() == 0
-        if self.root:  # scratch dirs of sandboxes whose process died without closing them
-            scratch_root = o.scratch_root or tempfile.gettempdir()
+        scratch_root = o.scratch_root or tempfile.gettempdir()
+        if self.root:
             _check_traversable(scratch_root)
-            self._sweep = scratch.purge_executor().submit(
-                uidpool.sweep_stale_scratch, scratch_root, o.uid_base, o.uid_pool_size
-            )
+        # Scratch dirs of sandboxes whose process died without closing them.
+        self._sweep = scratch.purge_executor().submit(scratch.sweep_stale, scratch_root)
         self._live: set[LocalSandbox] = set()
         self._purging: set[concurrent.futures.Future[None]] = set()
 

@@ -48,6 +48,7 @@ class LocalSandbox:
         self._closed = False
         self._close_task: asyncio.Task[None] | None = None
         self._ttl: asyncio.TimerHandle | None = None
+        self._scratch_lock: int | None = None
         self.closed_leftovers: list[procscan.ProcInfo] = []
 
     # ---------------------------------------------------------------- lifecycle
@@ -68,6 +69,7 @@ class LocalSandbox:
             self.scratch = await asyncio.to_thread(
                 scratch.make_scratch, self.opts.scratch_root, self.id, mapped=mapped_paths, ids=self.ids
             )
+            self._scratch_lock = scratch.hold(self.scratch)
             self.mapped = {p: scratch.fs_dir(self.scratch, p) for p in mapped_paths}
             self.host_workdir = os.path.join(self.scratch, "fs", "work")
             if self.namespaced:
@@ -180,7 +182,10 @@ class LocalSandbox:
         except OSError:
             await asyncio.to_thread(scratch.remove_scratch, self.scratch)
         finally:
-            if self.lease is not None:  # only now: a free lease marks its scratch dir as stale
+            if self._scratch_lock is not None:  # only now: an unheld scratch dir counts as stale
+                os.close(self._scratch_lock)
+                self._scratch_lock = None
+            if self.lease is not None:
                 self.lease.release()
         self.backend._forget(self)
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import atexit
+import fcntl
 from concurrent.futures import Future, ThreadPoolExecutor
 import os
 import shutil
 import stat
 import tempfile
+import time
 from collections.abc import Iterable
 
 ROOT_DIRS = ("/tmp", "/root")  # private per sandbox in the namespace tier
@@ -38,6 +40,59 @@ def make_scratch(root: str | None, sandbox_id: str, *, mapped: Iterable[str], id
             os.chown(path, *ids)
     os.chmod(scratch, 0o700)
     return scratch
+
+
+LOCK_NAME = ".miles-owner.lock"
+
+
+def hold(scratch: str) -> int:
+    """Mark ``scratch`` as owned by this live process (released when the fd closes, also
+    when the process dies): :func:`sweep_stale` removes only dirs nobody holds."""
+    fd = os.open(os.path.join(scratch, LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _unheld(path: str) -> bool:
+    try:
+        fd = os.open(os.path.join(path, LOCK_NAME), os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def sweep_stale(root: str | None, *, min_age_s: float = 60.0) -> list[str]:
+    """Remove scratch dirs whose owning process died without closing its sandboxes (nobody
+    holds their lock) and trash that was never purged. Returns what was removed."""
+    base = root or tempfile.gettempdir()
+    removed: list[str] = []
+    try:
+        entries = list(os.scandir(base))
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        if not entry.name.startswith(("miles-sbx-", ".trash-miles-sbx-")):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if not entry.is_dir(follow_symlinks=False) or now - st.st_mtime < min_age_s:
+            continue
+        if entry.name.startswith(".trash-") or _unheld(entry.path):
+            remove_scratch(entry.path)
+            if not os.path.exists(entry.path):
+                removed.append(entry.path)
+    return removed
 
 
 def _force_writable(func, path, _exc) -> None:
