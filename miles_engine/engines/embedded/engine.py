@@ -69,7 +69,8 @@ class EmbeddedEngine:
     ``device`` are not applied to it) and starts the engine thread.
     """
 
-    def __init__(self, model: Any, options: EmbeddedEngineOptions | None = None, *, model_path: str | None = None) -> None:
+    def __init__(self, model: Any, options: EmbeddedEngineOptions | None = None, *,
+                 model_path: str | None = None) -> None:
         self.options = options or EmbeddedEngineOptions()
         self.model = model.eval()
         self.model_path = model_path
