@@ -38,11 +38,11 @@ install() {
 verb=${1:-help}; shift || true
 case "$verb" in
   main)
-    install "[engine,server]"
+    install "[engine,server,report]"
     exec "$VENV/bin/miles" env validate terminal-tasks --jobs 4 "$@"
     ;;
   test)
-    install "[engine,server,dev]"
+    install "[engine,server,report,dev]"
     set +e
     "$VENV/bin/python" -m pytest "$@"
     rc=$?
