@@ -16,6 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "recipes": ("miles_engine.cli.recipes_cmd:recipes", "List, show, copy and validate packaged recipes."),
     "env": ("miles_engine.cli.env_cmd:env", "List environments and tasks; self-check them without a model."),
     "sandbox": ("miles_engine.cli.sandbox_cmd:sandbox", "Run commands in a sandbox; check its isolation."),
+    "train": ("miles_engine.cli.train_cmd:train", "Train a policy with a recipe (SFT warm start + async RL)."),
     "eval": ("miles_engine.cli.eval_cmd:eval_cmd", "Run a recipe's agent on its environment's tasks."),
     "tito": ("miles_engine.cli.tito_cmd:tito", "TITO sessions: conformance check, session server."),
     "serve": ("miles_engine.cli.serve_cmd:serve", "Serve a model over SGLang-compatible HTTP (embedded engine)."),

@@ -8,6 +8,19 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from miles_engine.config.errors import format_validation_error
+from miles_engine.metrics import MetricsConfig
+from miles_engine.rollout.buffer import BufferOptions
+from miles_engine.train.config import (
+    EngineConfig,
+    PlacementConfig,
+    RolloutConfig,
+    RunConfig,
+    SFTRunConfig,
+    WeightsConfig,
+)
+from miles_engine.train.policy_tokenizer import TokenizerConfig
+from miles_engine.train.tiny_model import TinyModelConfig
+from miles_engine.trainer.config import TrainerConfig
 from miles_engine.config.yaml_source import apply_overrides, load_yaml_file
 from miles_engine.errors import ConfigError, MilesError
 
@@ -41,7 +54,7 @@ class EvalConfig(Section):
 
 
 class RecipeConfig(Section):
-    """The root of a recipe YAML."""
+    """The root of a recipe YAML. Evaluation uses the first sections; training all of them."""
 
     description: str = ""
     seed: int = 0
@@ -49,6 +62,18 @@ class RecipeConfig(Section):
     sandbox: SandboxRef = Field(default_factory=SandboxRef)
     agent: ComponentRef = Field(default_factory=lambda: ComponentRef(name="oracle"))
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    chat_family: ComponentRef = Field(default_factory=lambda: ComponentRef(name="chatml"))
+    tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
+    model: TinyModelConfig = Field(default_factory=TinyModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    sft: SFTRunConfig = Field(default_factory=SFTRunConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    buffer: BufferOptions = Field(default_factory=BufferOptions)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
 
 
 def resolve_recipe_path(ref: str | Path, hub: Hub | None = None) -> Path:
@@ -80,6 +105,7 @@ def load_recipe(ref: str | Path, overrides: list[str] | None = None, hub: Hub | 
         "environment": ("environment", recipe.environment.name, recipe.environment.options),
         "sandbox": ("sandbox", recipe.sandbox.backend, recipe.sandbox.options),
         "agent": ("agent", recipe.agent.name, recipe.agent.options),
+        "chat_family": ("chat_family", recipe.chat_family.name, recipe.chat_family.options),
     }
     for section, (kind, name, options) in refs.items():
         try:

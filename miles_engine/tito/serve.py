@@ -49,9 +49,27 @@ def default_tokenizer(model: str | None, tokenizer: str | None) -> str:
     raise ConfigError("give --tokenizer (a tokenizer.json, a model directory or builtin:qwen3 / builtin:bpe-<family>)")
 
 
-async def run_session_server(engine: Any, codec: Any, *, host: str = "127.0.0.1", port: int = 0,
-                             port_file: str | None = None, config: Any = None, log_level: str = "warning") -> None:
-    """Serve until cancelled (Ctrl-C). Writes the bound port to ``port_file`` once listening."""
+class BackgroundServer:
+    """A session server running as a task in the current event loop (``await .stop()`` ends it)."""
+
+    def __init__(self, server: Any, task: asyncio.Task[Any], host: str, port: int) -> None:
+        self.server, self.task, self.host, self.port = server, task, host, port
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self.task), 10)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            self.task.cancel()
+
+
+async def start_session_server(engine: Any, codec: Any, *, host: str = "127.0.0.1", port: int = 0,
+                               config: Any = None, log_level: str = "warning") -> BackgroundServer:
+    """Start a session server in this event loop and wait until it listens."""
     import uvicorn
 
     from miles_engine.tito.server import create_app
@@ -60,16 +78,25 @@ async def run_session_server(engine: Any, codec: Any, *, host: str = "127.0.0.1"
     manager = SessionManager(engine, codec, config)
     server = uvicorn.Server(uvicorn.Config(create_app(manager), host=host, port=port, log_level=log_level,
                                            lifespan="off", access_log=False))
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(), name="tito-session-server")
     while not server.started and not task.done():
-        await asyncio.sleep(0.05)
-    if server.started:
-        bound = server.servers[0].sockets[0].getsockname()[1]
-        print(f"TITO session server on http://{host}:{bound} (family {codec.name}); POST /sessions", flush=True)
-        if port_file:
-            Path(port_file).write_text(str(bound))
+        await asyncio.sleep(0.02)
+    if task.done():
+        task.result()  # re-raises why it could not start
+        raise ConfigError(f"the session server on {host}:{port} stopped before listening")
+    bound = server.servers[0].sockets[0].getsockname()[1]
+    return BackgroundServer(server, task, host, bound)
+
+
+async def run_session_server(engine: Any, codec: Any, *, host: str = "127.0.0.1", port: int = 0,
+                             port_file: str | None = None, config: Any = None, log_level: str = "warning") -> None:
+    """Serve until cancelled (Ctrl-C). Writes the bound port to ``port_file`` once listening."""
+    bg = await start_session_server(engine, codec, host=host, port=port, config=config, log_level=log_level)
+    print(f"TITO session server on {bg.url} (family {codec.name}); POST /sessions", flush=True)
+    if port_file:
+        Path(port_file).write_text(str(bg.port))
     try:
-        await task
+        await bg.task
     finally:
         close = getattr(engine, "aclose", None)
         if close is not None:

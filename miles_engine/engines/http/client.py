@@ -181,6 +181,57 @@ class HttpEngine:
     def weight_metadata(self) -> list[TensorMeta]:
         return list(self._metadata)
 
+    # ------------------------------------------------------------------ weight sync (SGLang names)
+    async def fetch_weight_version(self) -> int:
+        """The version the server reports now (refreshes :attr:`weight_version`)."""
+        resp = await self._call("GET", "/get_weight_version")
+        self._raise_for(resp, "get_weight_version")
+        self._version = wire.parse_version(resp.json().get("weight_version"))
+        return self._version
+
+    async def _weights_call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        resp = await self._call("POST", path, json=body, kind="update", idempotent=False)
+        self._raise_for(resp, path.strip("/"))
+        data = resp.json()
+        if isinstance(data, dict) and data.get("success") is False:
+            raise ValueError(f"{self.name} {path.strip('/')}: {data.get('message')}")
+        return data if isinstance(data, dict) else {}
+
+    async def init_weights_update_group(self, master_address: str, master_port: int, rank_offset: int,
+                                        world_size: int, *, group_name: str = "weight_update_group",
+                                        backend: str = "nccl") -> None:
+        """Join the trainer's process group as rank ``rank_offset`` (blocks until all joined)."""
+        await self._weights_call("/init_weights_update_group", {
+            "master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+            "world_size": int(world_size), "group_name": group_name, "backend": backend})
+
+    async def update_weights_from_distributed(self, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                              *, group_name: str = "weight_update_group",
+                                              weight_version: int | None = None, load_format: str | None = None,
+                                              commit: bool | None = None, push_id: str | None = None,
+                                              flush_cache: bool = True) -> None:
+        """Receive one bucket broadcast by rank 0. Our server only: ``commit=False`` stages it,
+        ``push_id`` names the push it belongs to (staged buckets of another push are discarded)."""
+        body: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
+                                "flush_cache": flush_cache, "abort_all_requests": False, "load_format": load_format,
+                                "weight_version": None if weight_version is None else str(weight_version)}
+        if commit is not None:
+            body["miles_commit"] = commit
+        if push_id is not None:
+            body["miles_push_id"] = push_id
+        await self._weights_call("/update_weights_from_distributed", body)
+        if weight_version is not None and commit is not False:
+            self._version = int(weight_version)
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
+        await self._weights_call("/destroy_weights_update_group", {"group_name": group_name})
+
+    async def weight_checksums(self, names: list[str] | None = None) -> dict[str, str]:
+        """sha256 per tensor as the server holds it (our server, embedded engines)."""
+        resp = await self._call("POST", "/miles/weight_checksums", json={"names": names})
+        self._raise_for(resp, "weight_checksums")
+        return dict(resp.json()["checksums"])
+
     async def health(self) -> bool:
         """``GET /health`` answered 200; never raises."""
         if self._client.is_closed:

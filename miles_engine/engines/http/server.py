@@ -5,7 +5,9 @@ Endpoints (names, request fields and response shapes as SGLang's
 ``POST /update_weights_from_disk``, ``POST /update_weights_from_tensor``, ``POST /pause_generation``
 (``{"mode": "abort"|"retract"|"in_place"}``), ``POST /continue_generation``, ``POST /abort_request``
 (``{"rid"}`` or ``{"abort_all": true}``), ``GET /get_weight_version``, ``GET /get_model_info``,
-``GET /get_server_info``; plus ``GET /miles/weight_metadata`` (ours).
+``GET /get_server_info``, ``POST /init_weights_update_group``, ``POST /update_weights_from_distributed``,
+``POST /destroy_weights_update_group`` (see :mod:`miles_engine.weights.endpoints`); plus
+``GET /miles/weight_metadata`` and ``POST /miles/weight_checksums`` (ours).
 
 Session affinity key: body ``session_id`` (recent SGLang) or ``routing_key`` (SGLang), or the
 ``X-SMG-Routing-Key`` header that Miles' session server and sgl-model-gateway send.
@@ -241,6 +243,9 @@ def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_en
         found = await asyncio.gather(*(engine.abort(r) for r in rids))
         return {"success": any(found), "aborted": [r for r, ok in zip(rids, found) if ok]}
 
+    from miles_engine.weights.endpoints import add_weight_sync_routes
+
+    add_weight_sync_routes(app, engine, update_lock=weights_lock, parse=_json)
     return app
 
 

@@ -1,0 +1,53 @@
+"""``miles train RECIPE [key=value ...] [--resume RUN_DIR]``."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import click
+
+from miles_engine.config.recipe import load_recipe, resolve_recipe_path
+
+
+def _run_dir(recipe: str, out_dir: str, name: str | None) -> Path:
+    stem = Path(resolve_recipe_path(recipe)).stem
+    return Path(out_dir) / (name or f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+@click.command("train")
+@click.argument("recipe", required=False)
+@click.argument("overrides", nargs=-1)
+@click.option("--resume", "resume_dir", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Continue the run in this directory from its newest checkpoint (recipe from its config.yaml).")
+def train(recipe: str | None, overrides: tuple[str, ...], resume_dir: Path | None) -> None:
+    """Train a policy with the recipe RECIPE (a packaged name or a YAML path)."""
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from miles_engine.train.driver import train as drive
+    from miles_engine.train.stack import TrainingStack
+
+    if resume_dir is not None:
+        recipe = str(resume_dir / "config.yaml")
+    if recipe is None:
+        raise click.UsageError("give a RECIPE (or --resume RUN_DIR)")
+    cfg = load_recipe(recipe, list(overrides))
+    run_dir = resume_dir or _run_dir(recipe, cfg.run.out_dir, cfg.run.name)
+    click.echo(f"run directory: {run_dir}")
+
+    async def main() -> int:
+        stack = TrainingStack(cfg, run_dir, resume=resume_dir is not None)
+        try:
+            await stack.build()
+            return await drive(stack)
+        finally:
+            await stack.aclose()
+
+    try:
+        last = asyncio.run(main())
+    except KeyboardInterrupt:
+        click.echo(f"\ninterrupted; resume with: miles train --resume {run_dir}", err=True)
+        raise SystemExit(130) from None
+    click.echo(f"finished at step {last}; report: miles report {run_dir}")

@@ -1,0 +1,67 @@
+"""Typed sections of a training recipe (one model per component).
+
+The components' own option models live with them (``TrainerConfig``, ``BufferOptions``,
+``MetricsConfig``, ``TokenizerConfig``, ``TinyModelConfig``); the sections here are the ones
+the driver owns: placement, engine, SFT warm start, rollout, weights and the run itself.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PlacementConfig(_Section):
+    """Where the trainer runs relative to the engine (the engine runs in the driver process)."""
+
+    trainer: Literal["in_process", "subprocess"] = Field(
+        "subprocess", description="in_process: colocated with the engine (one process; only sync / one_step_off); "
+        "subprocess: its own process(es), so generation and training overlap")
+    trainer_ranks: int = Field(1, ge=1, description="FSDP2 ranks when trainer=subprocess")
+
+    @property
+    def colocated(self) -> bool:
+        return self.trainer == "in_process"
+
+
+class EngineConfig(_Section):
+    max_batch_size: int = Field(64, ge=1)
+    threads: int = Field(1, ge=1, description="torch threads of the engine's decode thread")
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+class SFTRunConfig(_Section):
+    """Supervised warm start on the environment's (noisy) demonstrations, before RL."""
+
+    enabled: bool = True
+    demos: int = Field(6000, ge=1, description="fresh demonstrations generated for the warm start")
+    batch_size: int = Field(32, ge=1)
+    epochs: float = Field(1.0, gt=0)
+    wrong_fraction: float | None = Field(None, ge=0, le=1, description="default: the environment's own setting")
+    max_minutes: float | None = Field(None, gt=0, description="stop the warm start early after this long")
+
+
+class RolloutConfig(_Section):
+    mode: Literal["sync", "one_step_off", "fully_async"] = "fully_async"
+    group_size: int = Field(8, ge=1, description="attempts per task (GRPO's n)")
+    groups_per_step: int = Field(8, ge=1)
+    max_inflight: int = Field(64, ge=1, description="episodes running at once")
+    episode_timeout_s: float = Field(120.0, gt=0)
+    task_seed: int = 0
+
+
+class WeightsConfig(_Section):
+    transport: Literal["colocated", "broadcast"] = "colocated"
+
+
+class RunConfig(_Section):
+    steps: int = Field(100, ge=1, description="RL steps")
+    max_minutes: float | None = Field(None, gt=0, description="stop RL after this long (wall clock, whole run)")
+    out_dir: str = "runs"
+    name: str | None = Field(None, description="run directory name (default: recipe name + timestamp)")
+    checkpoint_every: int = Field(0, ge=0, description="RL steps between checkpoints (0: only at the end)")

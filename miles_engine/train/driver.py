@@ -1,0 +1,25 @@
+"""The training loop. It reads like pseudocode; every variant lives in the stack's components."""
+
+from __future__ import annotations
+
+from miles_engine.train.stack import TrainingStack
+
+
+async def train(stack: TrainingStack) -> int:
+    """Warm start, push the trainer's weights, then {get groups, train, checkpoint, push}."""
+    await stack.warm_start()
+    await stack.push_weights()  # engines start from the trainer's own weights
+    await stack.mode.start()
+    step = stack.step
+    for step in stack.steps():
+        groups = await stack.next_groups()
+        await stack.mode.before_train(step)
+        metrics = await stack.train(groups)
+        await stack.maybe_checkpoint(step)
+        version = await stack.push_weights()
+        await stack.mode.after_push(version)
+        stack.log(step, groups, metrics)
+        if stack.out_of_time():
+            break
+    await stack.maybe_checkpoint(step, final=True)
+    return step

@@ -1,0 +1,81 @@
+"""One RL attempt: a sandboxed episode driven through the TITO session server → a Trajectory.
+
+The agent talks to the session server over HTTP exactly as an external harness would; the
+trajectory is the row the server owns (prompt + sampled ids + environment ids, with the
+engine's per-token log-probs and weight versions), scored by the task's own verifier.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from miles_engine.agents.protocol import Agent
+from miles_engine.rollout.episode import EpisodeResult, run_episode
+from miles_engine.rollout.types import Trajectory
+from miles_engine.sandbox.protocol import SandboxBackend
+
+
+def _empty(task_id: str, error: str, status: str = "failed") -> Trajectory:
+    return Trajectory([], [], [], [], reward=None, status=status, error=error, task_id=task_id)  # type: ignore[arg-type]
+
+
+def task_tags(task: Any) -> dict[str, str]:
+    meta = getattr(task, "metadata", {}) or {}
+    tags = {"kind": str(meta["kind"])} if "kind" in meta else {}
+    if "difficulty" in meta:
+        tags["difficulty"] = str(meta["difficulty"])
+    return tags
+
+
+def to_trajectory(task: Any, result: EpisodeResult) -> Trajectory:
+    """The episode's (last kept) TITO trajectory with the verifier's reward attached."""
+    report = result.info.get("tito") or {}
+    rows = report.get("trajectories") or []
+    if not rows:
+        why = report.get("error") or result.agent.info.get("error") or result.reward.error or "no trajectory recorded"
+        return _empty(task.id, f"episode of task '{task.id}' produced no trajectory: {why}")
+    row = rows[-1]
+    calls = sum(1 for m in result.transcript if m.get("role") == "assistant" and m.get("tool_calls"))
+    status = "ok"
+    if result.reward.reward is None:
+        status = "failed"
+    elif result.agent.stop_reason == "timeout":
+        status = "timeout"
+    traj = Trajectory(
+        token_ids=list(row["token_ids"]),
+        loss_mask=list(row["loss_mask"]),
+        rollout_logprobs=[float(x) for x in row["rollout_logprobs"]],
+        weight_versions=list(row["weight_versions"]),
+        reward=result.reward.reward,
+        reward_components=dict(result.reward.components),
+        status=status,  # type: ignore[arg-type]
+        error=result.reward.error,
+        task_id=task.id,
+        routed_experts=row.get("routed_experts"),
+        tags=task_tags(task),
+        metrics={"turns": float(result.agent.turns), "tool_calls": float(calls), "tool_use": float(calls > 0),
+                 "episode_s": sum(result.timings.values()), "generation_s": result.timings.get("agent_s", 0.0),
+                 "reward_s": result.timings.get("verify_s", 0.0)},
+    )
+    mismatch = row.get("tito_session_mismatch") or {}
+    if isinstance(mismatch, dict) and "bug" in mismatch:
+        traj.metrics["tito_mismatch_bug"] = float(bool(mismatch["bug"]))
+    return traj
+
+
+class EpisodeTrajectories:
+    """``run_trajectory(task_ref, attempt) -> Trajectory`` for the scheduler: each attempt loads
+    a fresh task object, so the attempts of a group never share task state."""
+
+    def __init__(self, backend: SandboxBackend, make_agent: Callable[[], Agent], source: Any) -> None:
+        self.backend = backend
+        self.make_agent = make_agent
+        self.source = source
+
+    async def __call__(self, ref: Any, attempt: int) -> Trajectory:
+        task = self.source.load_task(ref.id) if hasattr(ref, "id") and not hasattr(ref, "verify") else ref
+        result = await run_episode(task, self.make_agent(), self.backend)
+        traj = to_trajectory(task, result)
+        traj.index = attempt
+        return traj

@@ -1,0 +1,216 @@
+"""Builds every component a training run needs from a recipe, and tears them down.
+
+The driver loop only calls this object's small verbs (``warm_start``, ``push_weights``,
+``next_groups``, ``train``, ``maybe_checkpoint``, ``log``); every variant (placement,
+rollout mode, transport) is decided here once, at build time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from miles_engine.config.recipe import RecipeConfig
+from miles_engine.errors import ConfigError
+from miles_engine.hub import Hub
+from miles_engine.rollout.types import Group
+from miles_engine.train import checkpoint
+from miles_engine.train.group_metrics import group_metrics
+
+
+def bootstrap_codec(hub: Hub, cfg: RecipeConfig) -> Any:
+    """A codec good enough to render text (the policy tokenizer is trained on that text)."""
+    from miles_engine.tito import make_codec, resolve_family
+
+    family = resolve_family(cfg.chat_family.name, cfg.chat_family.options, hub)
+    return make_codec(family, f"builtin:bpe-{family.name}" if family.name in ("chatml", "qwen3", "glm")
+                      else "builtin:bpe-chatml")
+
+
+def demonstrations(source: Any, n: int, seed: int, wrong_fraction: float | None = None) -> list[Any]:
+    make = getattr(source, "demonstrations", None)
+    if make is None:
+        raise ConfigError(f"environment '{getattr(source, 'name', source)}' provides no demonstrations: set "
+                          f"tokenizer.path (a trained tokenizer) and sft.enabled=false, or pick an environment "
+                          f"with demonstrations (e.g. shell-drills)")
+    return list(make(n, seed=seed, wrong_fraction=wrong_fraction))
+
+
+class TrainingStack:
+    def __init__(self, cfg: RecipeConfig, run_dir: Path, *, hub: Hub | None = None, resume: bool = False) -> None:
+        self.cfg, self.run_dir, self.hub, self.resume = cfg, run_dir, hub or Hub(), resume
+        self.step = 0
+        self.started = time.monotonic()
+        self.timers: dict[str, float] = {}
+        self._closers: list[Any] = []
+
+    # ------------------------------------------------------------------ build
+    async def build(self) -> TrainingStack:
+        from miles_engine.metrics import MetricsLogger
+        from miles_engine.rollout.buffer import AsyncBuffer
+        from miles_engine.rollout.modes import create_mode, validate_mode
+        from miles_engine.rollout.scheduler import Scheduler, SchedulerOptions
+        from miles_engine.rollout.tasks import TaskStream
+
+        cfg, hub = self.cfg, self.hub
+        cfg.trainer.check_group_size(cfg.rollout.group_size, "rollout.group_size")
+        self.buffer = AsyncBuffer(cfg.buffer)
+        validate_mode(cfg.rollout.mode, colocated=cfg.placement.colocated,
+                      groups_per_step=cfg.rollout.groups_per_step, buffer=self.buffer)
+        self.source = hub.create("environment", cfg.environment.name, cfg.environment.options,
+                                 where="environment.options")
+        self.backend = hub.create("sandbox", cfg.sandbox.backend, cfg.sandbox.options, where="sandbox.options")
+        self._closers.append(self.backend.aclose)
+        self.tasks = TaskStream(self.source, seed=cfg.rollout.task_seed)
+        self.codec = self._build_codec()
+        self.model = self._build_model()
+        self.trainer = await asyncio.to_thread(self._build_trainer)
+        self.engine = await self._build_engine()
+        self.server = await self._start_server()
+        from miles_engine.weights import create_transport
+
+        self.transport = create_transport(cfg.weights.transport, self.engine)
+        self._closers.insert(0, self.transport.close)
+        from miles_engine.train.episodes import EpisodeTrajectories
+
+        run = EpisodeTrajectories(self.backend, self._make_agent, self.source)
+        opts = SchedulerOptions(group_size=cfg.rollout.group_size, max_inflight=cfg.rollout.max_inflight,
+                                episode_timeout_s=cfg.rollout.episode_timeout_s)
+        self.scheduler = Scheduler(self.tasks, run, self.buffer, opts, version_fn=lambda: self.engine.weight_version)
+        self.mode = create_mode(cfg.rollout.mode, self.scheduler, groups_per_step=cfg.rollout.groups_per_step)
+        self.metrics = MetricsLogger(self.run_dir, cfg.metrics, total_steps=cfg.run.steps,
+                                     run_config=cfg.model_dump(mode="json"))
+        (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+        if self.resume:
+            self.step = await asyncio.to_thread(checkpoint.restore, self.run_dir, self.trainer)
+        return self
+
+    def _build_codec(self) -> Any:
+        from miles_engine.tito import make_codec
+        from miles_engine.tito.messages import normalize_messages, normalize_tools
+        from miles_engine.train.policy_tokenizer import policy_tokenizer
+
+        cfg = self.cfg
+        texts: list[str] = []
+        if not cfg.tokenizer.path:
+            boot = bootstrap_codec(self.hub, cfg)
+            for d in demonstrations(self.source, cfg.tokenizer.corpus_demos, seed=cfg.seed + 17):
+                texts.append(boot.render(normalize_messages(d.conversation()), normalize_tools(d.tools),
+                                         add_generation_prompt=False))
+        tokenizer = policy_tokenizer(cfg.chat_family.name, texts, cfg.tokenizer)
+        return make_codec(cfg.chat_family.name, tokenizer, options=cfg.chat_family.options, hub=self.hub)
+
+    def _build_model(self) -> Any:
+        from miles_engine.train.tiny_model import build_config, build_model
+
+        m = self.cfg.model
+        if m.path:
+            return m.path
+        tok = self.codec.tokenizer
+        config = build_config(m, tok.vocab_size, bos_id=None, eos_id=self.codec.stop_ids[0],
+                              pad_id=tok.added_tokens.get("<|endoftext|>", 0))
+        return build_model(config, self.cfg.seed)
+
+    def _build_trainer(self) -> Any:
+        from miles_engine.trainer.distributed import FSDPTrainer
+        from miles_engine.trainer.torch_trainer import TorchTrainer
+
+        p = self.cfg.placement
+        if p.trainer == "subprocess":
+            trainer = FSDPTrainer(self.model, self.cfg.trainer, world_size=p.trainer_ranks)
+        else:
+            trainer = TorchTrainer(self.model, self.cfg.trainer)
+        self._closers.append(lambda: asyncio.to_thread(trainer.close))
+        return trainer
+
+    async def _build_engine(self) -> Any:
+        from miles_engine.engines.embedded import EmbeddedEngine
+
+        e = self.cfg.engine
+        model = self.model if isinstance(self.model, str) else copy.deepcopy(self.model)
+        engine = await asyncio.to_thread(EmbeddedEngine.from_model, model, dtype=e.dtype,
+                                         max_batch_size=e.max_batch_size, num_threads=e.threads,
+                                         seed=self.cfg.seed)
+        self._closers.insert(0, engine.aclose)
+        return engine
+
+    async def _start_server(self) -> Any:
+        from miles_engine.tito.serve import start_session_server
+
+        server = await start_session_server(self.engine, self.codec)
+        self._closers.insert(0, server.stop)
+        return server
+
+    def _make_agent(self) -> Any:
+        options = {**self.cfg.agent.options, "server_url": self.server.url}
+        return self.hub.create("agent", self.cfg.agent.name, options, where="agent.options")
+
+    # ------------------------------------------------------------------ verbs the driver calls
+    @property
+    def version(self) -> int:
+        return int(self.trainer.weight_version)
+
+    def steps(self) -> range:
+        return range(self.step + 1, self.cfg.run.steps + 1)
+
+    def out_of_time(self) -> bool:
+        limit = self.cfg.run.max_minutes
+        return limit is not None and time.monotonic() - self.started > limit * 60
+
+    async def warm_start(self) -> None:
+        from miles_engine.train.sft import run_sft
+
+        if self.cfg.sft.enabled and not self.resume:
+            await run_sft(self)
+
+    async def push_weights(self) -> int:
+        t0 = time.perf_counter()
+        tensors = await asyncio.to_thread(lambda: list(self.trainer.named_tensors()))
+        stats = await self.transport.push(tensors, self.version)
+        self.timers["push"] = time.perf_counter() - t0
+        self.last_push = stats
+        return stats.version
+
+    async def next_groups(self) -> list[Group]:
+        t0 = time.perf_counter()
+        groups = await self.buffer.get(self.cfg.rollout.groups_per_step, self.version)
+        self.timers["wait"] = time.perf_counter() - t0
+        return groups
+
+    async def train(self, groups: list[Group]) -> dict[str, float]:
+        t0 = time.perf_counter()
+        metrics = await asyncio.to_thread(self.trainer.train_step, groups)
+        self.timers["train"] = time.perf_counter() - t0
+        return metrics
+
+    async def maybe_checkpoint(self, step: int, *, final: bool = False) -> None:
+        every = self.cfg.run.checkpoint_every
+        if final or (every and step % every == 0):
+            await asyncio.to_thread(checkpoint.save, self.run_dir, self.trainer, step)
+
+    def log(self, step: int, groups: list[Group], train_metrics: dict[str, float]) -> None:
+        self.step = step
+        metrics = {**group_metrics(groups), **{f"train/{k}": v for k, v in train_metrics.items()}}
+        metrics.update(self.buffer.metrics(self.version))
+        metrics.update(self.scheduler.metrics())
+        metrics.update(self.mode.metrics())
+        metrics.update(self.last_push.metrics())
+        metrics.update({f"time/{k}": v for k, v in self.timers.items()})
+        metrics["time/elapsed"] = time.monotonic() - self.started
+        self.metrics.log(step, metrics)
+
+    async def aclose(self) -> None:
+        for close in getattr(self, "mode", None) and [self.mode.stop] or []:
+            await close()
+        for close in self._closers:
+            try:
+                await close()
+            except Exception as exc:  # teardown continues; the first error is reported by the caller
+                print(f"warning: teardown step failed: {type(exc).__name__}: {exc}")
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()

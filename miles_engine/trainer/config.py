@@ -1,0 +1,191 @@
+"""Typed trainer configuration (importable without torch).
+
+One model per concern; unknown keys are an error. Cross-field rules are checked when the
+config is built and name every key involved, e.g. ``mismatch.low`` above ``mismatch.high``
+or GRPO std normalisation with a group of one (:meth:`TrainerConfig.check_group_size`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from miles_engine.errors import ConfigError
+
+Estimator = Literal["grpo", "gspo", "ppo", "reinforce_pp"]
+Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class AlgorithmConfig(_Section):
+    advantage_estimator: Estimator = "grpo"
+    grpo_std_normalization: bool = Field(True, description="divide group-centred rewards by the group std "
+                                         "(unbiased) + std_eps; grpo and gspo")
+    std_eps: float = Field(1e-6, gt=0)
+    normalize_advantages: bool = Field(False, description="whiten advantages over every sampled token of "
+                                       "the step (all ranks); reinforce_pp always does")
+    reinforce_pp_baseline: bool = Field(False, description="reinforce_pp: subtract the group mean reward first")
+    gamma: float = Field(1.0, ge=0, le=1, description="discount over sampled tokens (ppo, reinforce_pp)")
+    old_logprobs: Literal["recompute", "rollout"] = Field(
+        "recompute", description="recompute: the trainer's own log-probs before the update (needed by "
+        "mismatch correction); rollout: trust the engine's (saves one forward pass)")
+    temperature: float = Field(1.0, gt=0, description="logits are divided by this (match the sampler)")
+
+
+class ClipConfig(_Section):
+    eps_low: float = Field(0.2, ge=0, description="ratio lower bound 1 - eps_low")
+    eps_high: float | None = Field(None, ge=0, description="ratio upper bound 1 + eps_high (default: eps_low)")
+    dual_clip_c: float | None = Field(None, gt=1, description="dual clip: loss capped at -c*A for A < 0")
+
+    @property
+    def high(self) -> float:
+        return self.eps_low if self.eps_high is None else self.eps_high
+
+
+class MismatchConfig(_Section):
+    """Train-rollout mismatch correction per token: weight w = exp(logp_trainer_old - logp_rollout)."""
+
+    mode: Literal["none", "tis", "clip_or_pop"] = Field(
+        "none", description="tis: clamp w to [low, high]; clip_or_pop: w outside [low, high] becomes 0")
+    low: float = Field(0.0, ge=0)
+    high: float = Field(2.0, gt=0)
+
+    @model_validator(mode="after")
+    def _bounds(self) -> MismatchConfig:
+        if self.low > self.high:
+            raise ValueError(f"mismatch.low ({self.low}) is above mismatch.high ({self.high}); "
+                             f"the band is [low, high]")
+        return self
+
+
+class KLConfig(_Section):
+    coef: float = Field(0.0, ge=0)
+    estimator: Literal["k1", "k2", "k3"] = "k3"
+    reference: bool = Field(False, description="keep a frozen reference model (a copy of the initial policy)")
+    reference_source: str | None = Field(None, description="build the reference from this model source instead")
+    placement: Literal["loss", "reward"] = Field(
+        "loss", description="loss: coef * KL added to the loss; reward: -coef * KL per token in the reward "
+        "(reinforce_pp, ppo)")
+
+
+class OPDConfig(_Section):
+    beta: float = Field(0.0, ge=0, description="A <- A - beta * (logp_student_old - logp_teacher) per token")
+
+
+class OptimizerConfig(_Section):
+    lr: float = Field(1e-5, gt=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0)
+    eps: float = Field(1e-8, gt=0)
+
+
+class ScheduleConfig(_Section):
+    kind: Literal["constant", "linear", "cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    total_steps: int | None = Field(None, ge=1, description="optimizer steps the decay spans (linear, cosine)")
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _steps(self) -> ScheduleConfig:
+        if self.kind != "constant" and self.total_steps is None:
+            raise ValueError(f"lr_schedule.kind={self.kind!r} needs lr_schedule.total_steps")
+        if self.total_steps is not None and self.warmup_steps > self.total_steps:
+            raise ValueError(f"lr_schedule.warmup_steps ({self.warmup_steps}) exceeds "
+                             f"lr_schedule.total_steps ({self.total_steps})")
+        return self
+
+
+class ValueConfig(_Section):
+    """The critic (ppo only): a linear head on the policy trunk, or a separate small model."""
+
+    kind: Literal["head", "separate"] = "head"
+    critic_source: str | dict[str, Any] | None = Field(
+        None, description="separate critic's model source (dir, config dict, tiny: spec); default: policy's config")
+    coef: float = Field(0.5, ge=0)
+    clip: float | None = Field(0.2, gt=0, description="value clipping around the old values (None: off)")
+    gae_lambda: float = Field(0.95, ge=0, le=1)
+    lr: float | None = Field(None, gt=0, description="critic learning rate (default: optimizer.lr)")
+
+
+class SFTConfig(_Section):
+    """Supervised warm start: cross-entropy on loss_mask tokens. Its own optimizer when given."""
+
+    aggregation: Aggregation = "token_mean"
+    optimizer: OptimizerConfig | None = None
+    lr_schedule: ScheduleConfig | None = None
+
+
+class ParallelConfig(_Section):
+    world_size: int = Field(1, ge=1, description="1: one process; N > 1: N FSDP2 ranks behind a proxy")
+    device: Literal["cpu", "cuda"] = Field("cpu", description="cpu (gloo) or cuda (NCCL; rank r on GPU r)")
+    start_timeout_s: float = Field(600.0, gt=0, description="how long ranks may take to build the model")
+    step_timeout_s: float | None = Field(None, gt=0, description="fail a step whose ranks take longer")
+
+
+class TrainerConfig(_Section):
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    clip: ClipConfig = Field(default_factory=ClipConfig)
+    loss_aggregation: Aggregation = "token_mean"
+    mismatch: MismatchConfig = Field(default_factory=MismatchConfig)
+    kl: KLConfig = Field(default_factory=KLConfig)
+    entropy_coef: float = 0.0
+    opd: OPDConfig = Field(default_factory=OPDConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    lr_schedule: ScheduleConfig = Field(default_factory=ScheduleConfig)
+    grad_clip: float | None = Field(1.0, gt=0, description="max global grad norm (None: no clipping)")
+    max_tokens_per_micro_batch: int = Field(8192, ge=1, description="padded tokens per forward/backward")
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="compute dtype (autocast); "
+                                                  "master weights stay float32")
+    ppo_epochs: int = Field(1, ge=1, description="passes over each step's batch")
+    minibatches: int = Field(1, ge=1, description="optimizer steps per epoch (the batch split by group)")
+    value: ValueConfig = Field(default_factory=ValueConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    num_threads: int | None = Field(1, ge=1, description="torch intra-op threads; None leaves torch's default")
+    gradient_checkpointing: bool = False
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _cross(self) -> TrainerConfig:
+        a, kl = self.algorithm, self.kl
+        if kl.coef > 0 and not kl.reference:
+            raise ValueError(f"kl.coef={kl.coef} needs kl.reference=true (the KL is taken to a reference model)")
+        if kl.placement == "reward" and a.advantage_estimator not in ("ppo", "reinforce_pp"):
+            raise ValueError(f"kl.placement='reward' works with algorithm.advantage_estimator ppo or "
+                             f"reinforce_pp, not {a.advantage_estimator!r}; use kl.placement='loss'")
+        if self.mismatch.mode != "none" and a.old_logprobs == "rollout":
+            raise ValueError(f"mismatch.mode={self.mismatch.mode!r} compares the trainer's log-probs with the "
+                             f"rollout's: it needs algorithm.old_logprobs='recompute', not 'rollout'")
+        return self
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl.reference
+
+    @property
+    def uses_std_normalization(self) -> bool:
+        return self.algorithm.advantage_estimator in ("grpo", "gspo") and self.algorithm.grpo_std_normalization
+
+    def check_group_size(self, group_size: int, key: str = "group_size") -> None:
+        """Refuse a group size that makes GRPO std normalisation undefined (n = 1)."""
+        if group_size < 2 and self.uses_std_normalization:
+            raise ConfigError(
+                f"{key}={group_size} with trainer.algorithm.grpo_std_normalization=true: the std of a "
+                f"group of one is undefined; raise {key} to >= 2 or set "
+                f"trainer.algorithm.grpo_std_normalization=false")
+
+    @classmethod
+    def load(cls, data: dict[str, Any] | TrainerConfig | None, *, prefix: str = "trainer") -> TrainerConfig:
+        """Validate ``data``; a :class:`ConfigError` names every bad key (``prefix.key``)."""
+        if isinstance(data, TrainerConfig):
+            return data
+        from miles_engine.config.errors import format_validation_error
+
+        try:
+            return cls.model_validate(data or {})
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc, prefix=prefix, model=cls)) from exc

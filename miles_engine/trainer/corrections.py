@@ -1,0 +1,82 @@
+"""Train-rollout mismatch correction per token, and its metrics.
+
+The rollout engine and the trainer compute slightly different log-probs for the same token
+(kernels, dtypes, stale weights in async mode). With ``ratio = exp(logp_trainer_old -
+logp_rollout)`` on each sampled token, the policy loss is multiplied by a detached weight:
+
+- ``tis`` (truncated importance sampling): ``w = clamp(ratio, low, high)``
+- ``clip_or_pop``: ``w = ratio`` inside ``[low, high]``, ``0`` outside (the token is dropped)
+- ``none``: ``w = 1`` (metrics are still reported)
+
+Statistics are returned as sums / extrema so they can be reduced across micro-batches and
+ranks before :func:`finalize_stats` turns them into metrics.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+MODES = ("none", "tis", "clip_or_pop")
+_LOG_CAP = 40.0  # keeps pre-clip ratio statistics finite (e^40 ~ 2e17)
+
+# order of the summed statistics in :func:`mismatch_stats`
+SUM_KEYS = ("count", "ratio_sum", "clipped", "abs_ratio_minus_one", "abs_logp_diff", "k3")
+
+
+def mismatch_weights(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, mode: str = "tis",
+                     low: float = 0.0, high: float = 2.0) -> Tensor:
+    """Detached per-token weights for the policy loss (1.0 off-mask)."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mismatch correction {mode!r}; allowed: {', '.join(MODES)}")
+    if low > high:
+        raise ValueError(f"mismatch.low ({low}) is above mismatch.high ({high})")
+    on = mask > 0
+    ratio = torch.exp((old_logp - rollout_logp).detach().clamp(-_LOG_CAP, _LOG_CAP))
+    if mode == "none":
+        w = torch.ones_like(ratio)
+    elif mode == "tis":
+        w = ratio.clamp(low, high)
+    else:
+        w = torch.where((ratio >= low) & (ratio <= high), ratio, torch.zeros_like(ratio))
+    return torch.where(on, w, torch.ones_like(w))
+
+
+def mismatch_stats(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, low: float = 0.0,
+                   high: float = 2.0) -> tuple[Tensor, Tensor, Tensor]:
+    """``(sums, min_ratio, max_ratio)``; ``sums`` is float64 in :data:`SUM_KEYS` order:
+    token count, sum of pre-clip ratios, tokens outside ``[low, high]``, sum of ``|ratio - 1|``,
+    sum of ``|logp_rollout - logp_trainer|``, sum of the k3 estimate of KL(rollout || trainer)
+    (``exp(d) - 1 - d`` with ``d = logp_trainer - logp_rollout``)."""
+    on = mask > 0
+    d = (old_logp - rollout_logp).detach().to(torch.float64).clamp(-_LOG_CAP, _LOG_CAP)
+    ratio = torch.exp(d)
+    sel_ratio = ratio[on]
+    sums = torch.stack([
+        on.sum().to(torch.float64),
+        sel_ratio.sum(),
+        ((sel_ratio < low) | (sel_ratio > high)).sum().to(torch.float64),
+        (sel_ratio - 1).abs().sum(),
+        d[on].abs().sum(),
+        (torch.exp(d[on]) - 1 - d[on]).sum(),
+    ])
+    if sel_ratio.numel():
+        return sums, sel_ratio.min(), sel_ratio.max()
+    return sums, torch.tensor(float("inf"), dtype=torch.float64), torch.tensor(float("-inf"), dtype=torch.float64)
+
+
+def finalize_stats(sums: Tensor, min_ratio: Tensor, max_ratio: Tensor, prefix: str = "tis/") -> dict[str, float]:
+    """Metrics from (reduced) :func:`mismatch_stats` output."""
+    s = dict(zip(SUM_KEYS, sums.tolist()))
+    n = s["count"]
+    if n <= 0:
+        return {}
+    return {
+        f"{prefix}ratio_mean": s["ratio_sum"] / n,
+        f"{prefix}ratio_min": float(min_ratio),
+        f"{prefix}ratio_max": float(max_ratio),
+        f"{prefix}clipfrac": s["clipped"] / n,
+        f"{prefix}abs_ratio_minus_one": s["abs_ratio_minus_one"] / n,
+        f"{prefix}logprob_abs_diff": s["abs_logp_diff"] / n,
+        f"{prefix}kl_k3": s["k3"] / n,
+    }

@@ -1,0 +1,253 @@
+"""N FSDP2 ranks behind one driver-side object.
+
+    trainer = build_trainer("tiny:qwen3", {"parallel": {"world_size": 2}})   # FSDPTrainer
+    trainer.train_step(groups)            # same calls as TorchTrainer
+    trainer.close()
+
+:class:`FSDPTrainer` spawns ``world_size`` processes (``torch.multiprocessing``, spawn); each
+joins a process group (gloo on CPU, NCCL on GPU: rank r uses ``cuda:r``) and runs a
+:class:`TorchTrainer` over an :class:`FSDP2` comm. The proxy validates every batch before it
+dispatches anything (a bad batch never reaches a collective), splits it by whole groups
+(token-balanced, per minibatch) and talks to each rank over a pipe; rank 0 answers. A rank
+that dies or raises fails the trainer (:class:`TrainerError`, with the rank's traceback) and
+the other ranks are stopped. Tensors travel as ``torch.save`` bytes.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import time
+import traceback
+import weakref
+from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
+from typing import Any
+
+from miles_engine.rollout.types import Group
+from miles_engine.trainer.config import TrainerConfig
+from miles_engine.trainer.protocol import TrainerBackend, TrainerError
+from miles_engine.trainer.rows import as_sft_rows, balance, split_groups, validate_groups
+
+
+def _dumps(obj: Any) -> bytes:
+    import torch
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _loads(data: bytes) -> Any:
+    import torch
+
+    return torch.load(io.BytesIO(data), weights_only=False)
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank: int, world: int, init_method: str, model: Any, config: dict, conn: Any) -> None:
+    """One rank: build the trainer, then serve commands until ``close``."""
+    import torch
+    import torch.distributed as dist
+
+    from miles_engine.trainer.parallel import FSDP2
+    from miles_engine.trainer.torch_trainer import TorchTrainer
+
+    cfg = TrainerConfig.load(config)
+    try:
+        if cfg.parallel.device == "cuda":
+            torch.cuda.set_device(rank)
+            device, backend = torch.device("cuda", rank), "nccl"
+        else:
+            device, backend = torch.device("cpu"), "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=cfg.parallel.step_timeout_s or 1800))
+        trainer = TorchTrainer(model, cfg, device=device, comm=FSDP2(device))
+        conn.send(("ok", {"vocab_size": trainer.vocab_size}))
+    except BaseException:  # noqa: BLE001 - reported to the proxy
+        conn.send(("error", traceback.format_exc()))
+        return
+    while True:
+        try:
+            cmd, arg = conn.recv()
+        except EOFError:
+            break
+        if cmd == "close":
+            trainer.close()
+            conn.send(("ok", None))
+            break
+        try:
+            if cmd == "train":
+                out: Any = trainer.train_minibatches(arg)
+            elif cmd == "sft":
+                out = trainer.sft_step(arg)
+            elif cmd == "named_tensors":
+                out = _dumps(dict(trainer.named_tensors(arg))) if rank == 0 else None
+            elif cmd == "state_dict":
+                state = trainer.state_dict()
+                out = _dumps(state) if rank == 0 else None
+            elif cmd == "load_state_dict":
+                trainer.load_state_dict(_loads(arg))
+                out = None
+            elif cmd == "call":
+                fn, args = arg
+                out = fn(trainer, *args)
+            else:
+                raise ValueError(f"unknown command {cmd!r}")
+            conn.send(("ok", out if rank == 0 else None))
+        except BaseException:  # noqa: BLE001
+            conn.send(("error", traceback.format_exc()))
+            break
+
+
+def _stop(procs: list[Any]) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+
+
+class FSDPTrainer:
+    """Driver-side proxy of ``world_size`` FSDP2 ranks; implements :class:`TrainerBackend`."""
+
+    def __init__(self, model: Any, config: TrainerConfig | dict[str, Any] | None = None, *,
+                 world_size: int | None = None) -> None:
+        import torch.multiprocessing as mp
+
+        self.config = TrainerConfig.load(config)
+        self.world_size = world_size or self.config.parallel.world_size
+        cfg_dict = self.config.model_dump()
+        cfg_dict["parallel"]["world_size"] = self.world_size
+        ctx = mp.get_context("spawn")
+        init = f"tcp://127.0.0.1:{_free_port()}"
+        self._conns, self._procs = [], []
+        for rank in range(self.world_size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_rank_main, args=(rank, self.world_size, init, model, cfg_dict, child),
+                               daemon=True, name=f"miles-trainer-rank{rank}")
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        self._finalizer = weakref.finalize(self, _stop, self._procs)
+        self._closed = False
+        info = self._gather(self.config.parallel.start_timeout_s, "start")
+        self.vocab_size = int(info["vocab_size"])
+        self._version = 0
+
+    # ------------------------------------------------------------------ plumbing
+    def _gather(self, timeout: float | None, what: str) -> Any:
+        """Rank 0's answer once every rank answered; any error or death fails the trainer."""
+        pending = dict(enumerate(self._conns))
+        answers: dict[int, Any] = {}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while pending:
+            for rank, conn in list(pending.items()):
+                if conn.poll(0.05):
+                    try:
+                        status, payload = conn.recv()
+                    except EOFError:
+                        status, payload = "error", "the rank closed its pipe"
+                    if status != "ok":
+                        self._fail(f"trainer rank {rank} failed during {what}:\n{payload}")
+                    answers[rank] = payload
+                    del pending[rank]
+                elif not self._procs[rank].is_alive():
+                    self._fail(f"trainer rank {rank} died during {what} (exit code {self._procs[rank].exitcode})")
+            if deadline is not None and time.monotonic() > deadline:
+                self._fail(f"trainer ranks {sorted(pending)} did not answer {what} within {timeout:.0f} s")
+        return answers[0]
+
+    def _fail(self, message: str) -> None:
+        self._closed = True
+        _stop(self._procs)
+        raise TrainerError(message)
+
+    def _send(self, cmd: str, args: Sequence[Any], what: str | None = None) -> Any:
+        if self._closed:
+            raise TrainerError("the trainer is closed (or failed earlier)")
+        for conn, arg in zip(self._conns, args):
+            conn.send((cmd, arg))
+        return self._gather(self.config.parallel.step_timeout_s, what or cmd)
+
+    # ------------------------------------------------------------------ TrainerBackend
+    @property
+    def weight_version(self) -> int:
+        return self._version
+
+    def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
+        cfg = self.config
+        validate_groups(groups, vocab_size=self.vocab_size, need_teacher=cfg.opd.beta > 0,
+                        std_normalization=cfg.uses_std_normalization)
+        minibatches = split_groups(groups, min(cfg.minibatches, len(groups)))
+        shares = [split_groups(mb, self.world_size) for mb in minibatches]
+        per_rank = [[share[r] for share in shares] for r in range(self.world_size)]
+        metrics = self._send("train", per_rank, "train_step")
+        self._version = int(metrics["weight_version"])
+        return metrics
+
+    def sft_step(self, batch: Sequence[Any]) -> dict[str, float]:
+        rows = as_sft_rows(batch, self.vocab_size)
+        bins = balance([len(r.token_ids) for r in rows], self.world_size)
+        metrics = self._send("sft", [[rows[i] for i in b] for b in bins], "sft_step")
+        self._version = int(metrics["weight_version"])
+        return metrics
+
+    def named_tensors(self, dtype: str | None = None) -> Iterator[tuple[str, Any]]:
+        data = self._send("named_tensors", [dtype] * self.world_size)
+        yield from _loads(data).items()
+
+    def state_dict(self) -> dict[str, Any]:
+        return _loads(self._send("state_dict", [None] * self.world_size))
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        light = {k: v for k, v in state.items() if k not in ("model", "optimizer", "sft_optimizer")}
+        light.update(model={}, optimizer={}, **({"sft_optimizer": {}} if "sft_optimizer" in state else {}))
+        self._send("load_state_dict", [_dumps(state)] + [_dumps(light)] * (self.world_size - 1))
+        self._version = int(state["weight_version"])
+
+    def call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run the picklable ``fn(trainer, *args)`` on every rank (e.g. a weight broadcast from
+        rank 0); returns rank 0's result."""
+        return self._send("call", [(fn, args)] * self.world_size)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for conn in self._conns:
+            try:
+                conn.send(("close", None))
+            except (BrokenPipeError, OSError):
+                pass
+        deadline = time.monotonic() + 30
+        for p in self._procs:
+            p.join(max(deadline - time.monotonic(), 0.1))
+        self._finalizer()
+
+    def __enter__(self) -> FSDPTrainer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def build_trainer(model: Any, config: TrainerConfig | dict[str, Any] | None = None) -> TrainerBackend:
+    """The backend the config asks for: ``parallel.world_size`` 1 -> :class:`TorchTrainer` in this
+    process (on ``parallel.device``), N -> :class:`FSDPTrainer` with N ranks."""
+    cfg = TrainerConfig.load(config)
+    if cfg.parallel.world_size > 1:
+        return FSDPTrainer(model, cfg)
+    from miles_engine.trainer.torch_trainer import TorchTrainer
+
+    device = "cuda" if cfg.parallel.device == "cuda" else "cpu"
+    return TorchTrainer(model, cfg, device=device)

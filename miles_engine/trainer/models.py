@@ -1,0 +1,92 @@
+"""The trainer's modules: policy, frozen reference, value head or separate critic, and the
+forward passes that turn token rows into per-token log-probs, entropies and values."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+
+def build_causal_lm(source: Any, device: torch.device, seed: int) -> nn.Module:
+    """A float32 causal LM: a model instance is used as is (the trainer owns and mutates it);
+    anything else goes through the engine's loader (dir, config dict / object, ``tiny:`` spec)."""
+    if isinstance(source, nn.Module):
+        model = source
+    else:
+        from miles_engine.engines.embedded.loading import load_model
+
+        model, _ = load_model(source, dtype="float32", device=str(device), seed=seed)
+    model = model.to(device=device, dtype=torch.float32)
+    model.eval()  # RL wants no dropout: old log-probs must equal the ones the update starts from
+    model.requires_grad_(True)
+    return model
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    return ref.eval()
+
+
+def hidden_size(model: nn.Module) -> int:
+    cfg = model.config
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return int(text.hidden_size)
+
+
+class ValueHead(nn.Module):
+    """``hidden -> scalar``; zero-initialised so the first values are 0."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(hidden, 1)
+        nn.init.zeros_(self.proj.weight)
+        nn.init.zeros_(self.proj.bias)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.proj(hidden).squeeze(-1).float()
+
+
+class Critic(nn.Module):
+    """A separate small critic: a decoder trunk (no LM head) plus a :class:`ValueHead`."""
+
+    def __init__(self, lm: nn.Module) -> None:
+        super().__init__()
+        self.trunk = lm.get_decoder()
+        self.head = ValueHead(hidden_size(lm))
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        out = self.trunk(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+        return self.head(out.last_hidden_state)
+
+
+def shift_values(values: Tensor) -> Tensor:
+    """Value of the state *before* token i is the value at position i - 1 (index 0 gets 0)."""
+    return torch.nn.functional.pad(values[:, :-1], (1, 0))
+
+
+class ForwardOut:
+    __slots__ = ("logp", "entropy", "hidden")
+
+    def __init__(self, logp: Tensor, entropy: Tensor | None, hidden: Tensor | None) -> None:
+        self.logp, self.entropy, self.hidden = logp, entropy, hidden
+
+
+def forward_logprobs(model: nn.Module, ids: Tensor, attn: Tensor, *, temperature: float = 1.0,
+                     entropy: str = "none", hidden: bool = False) -> ForwardOut:
+    """Per-token log-probs aligned with ``ids`` (index 0 = 0); ``entropy``: ``none``, ``metric``
+    (detached) or ``grad``; ``hidden``: also return the last hidden state."""
+    out = model(input_ids=ids, attention_mask=attn, output_hidden_states=hidden, use_cache=False)
+    logits = out.logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = torch.nn.functional.pad(logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))
+    ent = None
+    if entropy != "none":
+        src = logp_all if entropy == "grad" else logp_all.detach()
+        ent = torch.nn.functional.pad(-(src.exp() * src).sum(-1), (1, 0))
+    return ForwardOut(logp, ent, out.hidden_states[-1] if hidden else None)

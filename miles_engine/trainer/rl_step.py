@@ -1,0 +1,176 @@
+"""The RL step of :class:`~miles_engine.trainer.torch_trainer.TorchTrainer`, in two phases.
+
+``prepare``: no-grad forward passes for the old log-probs (the trainer's own, before the
+update), reference log-probs and old values; then advantages (estimator, OPD term,
+optional whitening) and the per-token mismatch weights with their metrics.
+``update``: ``ppo_epochs`` passes over the minibatches; one optimizer step per minibatch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from miles_engine.trainer import advantages as adv_fn
+from miles_engine.trainer import corrections
+from miles_engine.trainer.batch import MicroBatch, StepBatch
+from miles_engine.trainer.losses import aggregate, kl_penalty, policy_loss, value_loss
+from miles_engine.trainer.models import forward_logprobs, shift_values
+
+if TYPE_CHECKING:
+    from miles_engine.trainer.torch_trainer import TorchTrainer
+
+
+def _values(tr: TorchTrainer, ids: Tensor, attn: Tensor, hidden: Tensor | None) -> Tensor:
+    if tr.value_head is not None:
+        return shift_values(tr.value_head(hidden))
+    return shift_values(tr.critic(ids, attn))
+
+
+def prepare(tr: TorchTrainer, batch: StepBatch) -> dict[str, float]:
+    cfg = tr.config
+    alg = cfg.algorithm
+    is_ppo = alg.advantage_estimator == "ppo"
+    recompute = alg.old_logprobs == "recompute"
+    everything = list(range(batch.rows))
+    use_value_head = is_ppo and tr.value_head is not None
+    need_policy = recompute or use_value_head
+
+    def old_pass(mb: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        ids, attn = mb.get("token_ids", tr.device), mb.get("attention_mask", tr.device)
+        with tr.autocast():  # module order = TorchTrainer.dummy's (FSDP collectives must match)
+            out = None
+            if need_policy:
+                out = forward_logprobs(tr.policy, ids, attn, temperature=alg.temperature, hidden=use_value_head)
+                if recompute:
+                    mb.put("old_logp", out.logp)
+            if is_ppo:
+                mb.put("old_values", _values(tr, ids, attn, out.hidden if out is not None else None))
+            if tr.reference is not None:
+                mb.put("ref_logp", forward_logprobs(tr.reference, ids, attn, temperature=alg.temperature).logp)
+        return torch.zeros(()), {}
+
+    def dummy() -> Tensor:
+        return tr.dummy(policy=need_policy, value=is_ppo, reference=tr.reference is not None)
+
+    if need_policy or is_ppo or tr.reference is not None:
+        with torch.no_grad():
+            tr.run_micro_batches(batch, tr.plan(batch, everything), old_pass, dummy, grad=False)
+    mask = batch.loss_mask
+    if not recompute:
+        batch.extra["old_logp"] = batch.rollout_logp.clone()
+    old = batch.extra["old_logp"] * mask
+    metrics: dict[str, float] = {}
+    kl_reward = None
+    if cfg.kl.placement == "reward" and tr.reference is not None:
+        kl_reward = kl_penalty(old, batch.extra["ref_logp"], cfg.kl.estimator) * mask
+
+    est = alg.advantage_estimator
+    if est in ("grpo", "gspo"):
+        per_row = adv_fn.grpo_advantages(batch.rewards, batch.group_index,
+                                         std_normalization=alg.grpo_std_normalization, eps=alg.std_eps)
+        advantages = adv_fn.broadcast_to_tokens(per_row, mask)
+    elif est == "reinforce_pp":
+        rewards = adv_fn.group_mean_baseline(batch.rewards, batch.group_index) if alg.reinforce_pp_baseline \
+            else batch.rewards
+        advantages = adv_fn.reinforce_pp_advantages(rewards, mask, gamma=alg.gamma, kl=kl_reward,
+                                                    kl_coef=cfg.kl.coef, moments_fn=tr.comm.all_sum)
+    else:
+        rewards = adv_fn.token_rewards(batch.rewards, mask, kl_reward, cfg.kl.coef)
+        advantages, returns = adv_fn.gae(rewards, batch.extra["old_values"], mask, alg.gamma, cfg.value.gae_lambda)
+        batch.extra["returns"] = returns
+    if cfg.opd.beta:
+        advantages = adv_fn.opd_adjust(advantages, old, batch.teacher_logp, mask, cfg.opd.beta)
+    if alg.normalize_advantages and est != "reinforce_pp":
+        advantages = adv_fn.whiten(advantages, mask, tr.comm.all_sum(adv_fn.masked_moments(advantages, mask)))
+    batch.extra["advantages"] = advantages
+
+    sums = {"reward_sum": batch.rewards.double().sum(), "rows": torch.tensor(float(batch.rows), dtype=torch.float64),
+            "adv_sum": (advantages * mask).double().sum(), "adv_abs_sum": (advantages.abs() * mask).double().sum(),
+            "tokens": mask.double().sum()}
+    if kl_reward is not None:
+        sums["kl_reward_sum"] = kl_reward.double().sum()
+    if recompute:
+        m = cfg.mismatch
+        if m.mode != "none":
+            batch.extra["mismatch_w"] = corrections.mismatch_weights(old, batch.rollout_logp, mask, m.mode, m.low,
+                                                                     m.high)
+        st, lo, hi = corrections.mismatch_stats(old, batch.rollout_logp, mask, m.low, m.high)
+        lo, hi = tr.comm.all_min(lo.reshape(1))[0], tr.comm.all_max(hi.reshape(1))[0]
+        metrics.update(corrections.finalize_stats(tr.comm.all_sum(st), lo, hi))
+    red = tr.reduce_metrics(sums)
+    n_tok, n_rows = max(red["tokens"], 1.0), max(red["rows"], 1.0)
+    metrics.update(reward_mean=red["reward_sum"] / n_rows, advantage_mean=red["adv_sum"] / n_tok,
+                   advantage_abs_mean=red["adv_abs_sum"] / n_tok, tokens=red["tokens"], sequences=red["rows"])
+    if "kl_reward_sum" in red:
+        metrics["kl_reward"] = red["kl_reward_sum"] / n_tok
+    return metrics
+
+
+def _loss_fn(tr: TorchTrainer, n_tok: float, n_seq: float):
+    cfg = tr.config
+    alg, clip = cfg.algorithm, cfg.clip
+    is_ppo = alg.advantage_estimator == "ppo"
+    want_hidden = is_ppo and tr.value_head is not None
+    mode = cfg.loss_aggregation
+
+    def agg(x: Tensor, mask: Tensor) -> Tensor:
+        return aggregate(x, mask, mode, num_tokens=n_tok, num_seqs=n_seq)
+
+    def fn(mb: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
+        ids, attn = mb.get("token_ids", tr.device), mb.get("attention_mask", tr.device)
+        mask, old, advantages = (mb.get(k, tr.device) for k in ("loss_mask", "old_logp", "advantages"))
+        with tr.autocast():
+            out = forward_logprobs(tr.policy, ids, attn, temperature=alg.temperature,
+                                   entropy="grad" if cfg.entropy_coef else "metric", hidden=want_hidden)
+            pl = policy_loss(out.logp, old, advantages, mask, eps_low=clip.eps_low, eps_high=clip.high,
+                             dual_clip_c=clip.dual_clip_c, sequence_level=alg.advantage_estimator == "gspo")
+            pg = pl.loss * mb.get("mismatch_w", tr.device) if "mismatch_w" in mb.batch.extra else pl.loss
+            pg_loss = agg(pg, mask)
+            entropy = agg(out.entropy, mask)
+            loss = pg_loss - cfg.entropy_coef * entropy
+            per_token = 1.0 / max(n_tok, 1.0)
+            m = {"pg_loss": pg_loss, "entropy": entropy, "clipfrac": pl.clipped.sum() * per_token,
+                 "dual_clipfrac": pl.dual_clipped.sum() * per_token, "ratio_mean": (pl.ratio * mask).sum() * per_token}
+            if tr.reference is not None:
+                kl = agg(kl_penalty(out.logp, mb.get("ref_logp", tr.device), cfg.kl.estimator), mask)
+                m["kl"] = kl
+                if cfg.kl.placement == "loss" and cfg.kl.coef:
+                    loss = loss + cfg.kl.coef * kl
+            if is_ppo:
+                values = _values(tr, ids, attn, out.hidden)
+                vl, vclip = value_loss(values, mb.get("old_values", tr.device), mb.get("returns", tr.device), mask,
+                                       cfg.value.clip)
+                m["value_loss"] = agg(vl, mask)
+                m["value_clipfrac"] = vclip.sum() * per_token
+                loss = loss + cfg.value.coef * m["value_loss"]
+        m["loss"] = loss
+        return loss, m
+
+    return fn
+
+
+def update(tr: TorchTrainer, batch: StepBatch, n_minibatches: int) -> dict[str, float]:
+    cfg = tr.config
+    is_ppo = cfg.algorithm.advantage_estimator == "ppo"
+    totals: dict[str, float] = {}
+    steps = 0
+    for _epoch in range(cfg.ppo_epochs):
+        for m in range(n_minibatches):
+            rows = [i for i in range(batch.rows) if batch.minibatch[i] == m]
+            n_tok, n_seq = tr.global_counts(batch, rows)
+            if n_tok == 0:
+                continue  # every rank agrees: the counts are global
+            sums = tr.run_micro_batches(batch, tr.plan(batch, rows), _loss_fn(tr, n_tok, n_seq),
+                                        lambda: tr.dummy(value=is_ppo))
+            got = tr.reduce_metrics(sums)
+            got.update(tr.optimizer_step(tr.optimizer, tr.scheduler, tr.trainable()))
+            for k, v in got.items():
+                totals[k] = totals.get(k, 0.0) + v
+            steps += 1
+    out = {k: v / max(steps, 1) for k, v in totals.items()}
+    out["skipped_steps"] = totals.get("skipped_steps", 0.0)
+    out["optimizer_steps"] = float(steps)
+    return out

@@ -1,0 +1,262 @@
+"""``TorchTrainer``: the torch trainer backend in one process (or one FSDP2 rank).
+
+    trainer = TorchTrainer("tiny:qwen3", {"optimizer": {"lr": 1e-3}})
+    metrics = trainer.sft_step([(token_ids, loss_mask), ...])
+    metrics = trainer.train_step(groups)                  # whole groups, GRPO family / PPO
+    engine_weights = dict(trainer.named_tensors())        # HF names, full tensors
+    state = trainer.state_dict(); trainer.load_state_dict(state)
+
+With ``comm=FSDP2(device)`` (see :mod:`miles_engine.trainer.distributed`) the same code runs
+as one rank of a data-parallel FSDP2 group: losses are normalised by global token and
+sequence counts, ranks with fewer micro-batches run zero-weight dummy ones so collectives
+stay in step, and metrics are all-reduced.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from miles_engine.rollout.types import Group
+from miles_engine.trainer import rl_step
+from miles_engine.trainer.batch import MicroBatch, StepBatch, from_groups, from_sft_rows
+from miles_engine.trainer.config import TrainerConfig
+from miles_engine.trainer.losses import aggregate
+from miles_engine.trainer.models import Critic, ValueHead, build_causal_lm, forward_logprobs, frozen_copy, hidden_size
+from miles_engine.trainer.optim import build_optimizer
+from miles_engine.trainer.parallel import Local
+from miles_engine.trainer.rows import as_sft_rows, plan_micro_batches, split_groups, validate_groups
+
+LossFn = Callable[[MicroBatch], tuple[Tensor, dict[str, Tensor]]]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class TorchTrainer:
+    """Policy (+ reference, + critic) and optimizers; implements :class:`TrainerBackend`."""
+
+    def __init__(self, model: Any, config: TrainerConfig | dict[str, Any] | None = None, *,
+                 device: str | torch.device = "cpu", comm: Local | None = None) -> None:
+        self.config = cfg = TrainerConfig.load(config)
+        if cfg.num_threads:
+            torch.set_num_threads(cfg.num_threads)
+        self.device = torch.device(device)
+        if cfg.dtype == "bfloat16" and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise RuntimeError("trainer.dtype=bfloat16 but this GPU does not support bfloat16; use float32")
+        self.comm = comm or Local()
+        torch.manual_seed(cfg.seed)
+        self.policy = build_causal_lm(model, self.device, cfg.seed)
+        if cfg.gradient_checkpointing:
+            self.policy.gradient_checkpointing_enable()
+        self.vocab_size = int(self.policy.get_input_embeddings().num_embeddings)
+        pad = getattr(self.policy.config, "pad_token_id", None)
+        self.pad_id = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else 0
+        self.root = nn.ModuleDict({"policy": self.policy})
+        self.reference: nn.Module | None = None
+        if cfg.kl.reference:
+            src = cfg.kl.reference_source
+            self.reference = frozen_copy(self.policy if src is None else build_causal_lm(src, self.device, cfg.seed))
+            self.root["reference"] = self.reference
+        self.value_head: nn.Module | None = None
+        self.critic: nn.Module | None = None
+        if cfg.algorithm.advantage_estimator == "ppo":
+            if cfg.value.kind == "head":
+                self.value_head = self.root["value_head"] = ValueHead(hidden_size(self.policy)).to(self.device)
+            else:
+                lm = build_causal_lm(cfg.value.critic_source or self.policy.config, self.device, cfg.seed + 1)
+                self.critic = self.root["critic"] = Critic(lm).to(self.device)
+        for name, module in self.root.items():
+            self.comm.shard(module)
+        value_params = [p for k in ("value_head", "critic") if k in self.root for p in self.root[k].parameters()]
+        groups = [{"params": list(self.policy.parameters())}]
+        if value_params:
+            groups.append({"params": value_params, "lr": cfg.value.lr or cfg.optimizer.lr})
+        self.optimizer, self.scheduler = build_optimizer(groups, cfg.optimizer, cfg.lr_schedule)
+        self._sft_opt: tuple[torch.optim.Optimizer, Any] | None = None
+        self.weight_version = 0
+        self.rl_steps = 0
+        self.sft_steps = 0
+
+    # ------------------------------------------------------------------ helpers
+    def autocast(self) -> contextlib.AbstractContextManager:
+        if self.config.dtype == "float32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=_DTYPES[self.config.dtype])
+
+    def trainable(self) -> list[nn.Parameter]:
+        return [p for g in self.optimizer.param_groups for p in g["params"]]
+
+    def sft_optimizer(self) -> tuple[torch.optim.Optimizer, Any]:
+        sft = self.config.sft
+        if sft.optimizer is None and sft.lr_schedule is None:
+            return self.optimizer, self.scheduler
+        if self._sft_opt is None:
+            self._sft_opt = build_optimizer([{"params": list(self.policy.parameters())}],
+                                            sft.optimizer or self.config.optimizer,
+                                            sft.lr_schedule or self.config.lr_schedule)
+        return self._sft_opt
+
+    def global_counts(self, batch: StepBatch, rows: Sequence[int]) -> tuple[float, float]:
+        """Sampled tokens and sequences (rows with >= 1 sampled token) over every rank."""
+        per_row = batch.loss_mask[list(rows)].sum(dim=1) if rows else torch.zeros(0)
+        local = torch.tensor([per_row.sum().item(), (per_row > 0).sum().item()], dtype=torch.float64)
+        n, s = self.comm.all_sum(local).tolist()
+        return n, s
+
+    def plan(self, batch: StepBatch, rows: Sequence[int]) -> list[list[int]]:
+        rows = list(rows)
+        local = plan_micro_batches([batch.lengths[i] for i in rows], self.config.max_tokens_per_micro_batch)
+        return [[rows[i] for i in mb] for mb in local]
+
+    def n_micro(self, plan: list[list[int]]) -> int:
+        return int(self.comm.all_max(torch.tensor([len(plan)], dtype=torch.float64)).item())
+
+    def dummy(self, *, policy: bool = True, value: bool = False, reference: bool = False) -> Tensor:
+        """A zero-weight forward through the given modules on a 2-token row: a rank with fewer
+        micro-batches runs these so every FSDP collective has all ranks (backward too)."""
+        ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
+        attn = torch.ones_like(ids)
+        loss = torch.zeros((), device=self.device)
+        with self.autocast():
+            if policy or (value and self.value_head is not None):
+                out = self.policy(input_ids=ids, attention_mask=attn, output_hidden_states=value, use_cache=False)
+                loss = loss + out.logits.float().sum() * 0.0
+                if value and self.value_head is not None:
+                    loss = loss + self.value_head(out.hidden_states[-1]).sum() * 0.0
+            if value and self.critic is not None:
+                loss = loss + self.critic(ids, attn).sum() * 0.0
+            if reference and self.reference is not None:
+                self.reference(input_ids=ids, attention_mask=attn, use_cache=False)
+        return loss
+
+    def run_micro_batches(self, batch: StepBatch, plan: list[list[int]], fn: LossFn,
+                          dummy: Callable[[], Tensor], *, grad: bool = True) -> dict[str, Tensor]:
+        """``fn`` on each micro-batch (then backward when ``grad``; the loss is scaled by the world
+        size because FSDP averages gradients over ranks); returns the local sums of its metrics."""
+        sums: dict[str, Tensor] = {}
+        for i in range(self.n_micro(plan)):
+            loss, metrics = fn(batch.slice(plan[i])) if i < len(plan) else (dummy(), {})
+            if grad:
+                (loss * self.comm.world_size).backward()
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v.detach().double().cpu()
+        return sums
+
+    def optimizer_step(self, opt: torch.optim.Optimizer, sched: Any, params: list[nn.Parameter]) -> dict[str, float]:
+        max_norm = self.config.grad_clip if self.config.grad_clip is not None else math.inf
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        lr = float(sched.get_last_lr()[0])
+        skipped = not math.isfinite(norm)
+        if not skipped:
+            opt.step()
+            sched.step()
+            self.weight_version += 1
+        opt.zero_grad(set_to_none=True)
+        return {"grad_norm": norm, "lr": lr, "skipped_steps": float(skipped)}
+
+    def reduce_metrics(self, sums: dict[str, Tensor]) -> dict[str, float]:
+        if not sums:
+            return {}
+        keys = sorted(sums)
+        vec = self.comm.all_sum(torch.stack([torch.as_tensor(sums[k], dtype=torch.float64) for k in keys]))
+        return dict(zip(keys, vec.tolist()))
+
+    # ------------------------------------------------------------------ public API
+    def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
+        """One RL step on whole groups: ``ppo_epochs x minibatches`` optimizer steps."""
+        validate_groups(groups, vocab_size=self.vocab_size, need_teacher=self.config.opd.beta > 0,
+                        std_normalization=self.config.uses_std_normalization)
+        parts = min(self.config.minibatches, len(groups))
+        return self.train_minibatches(split_groups(groups, parts))
+
+    def train_minibatches(self, minibatches: Sequence[Sequence[Group]]) -> dict[str, float]:
+        """``train_step`` on pre-split minibatches (a rank's share; lists may be empty)."""
+        t0 = time.perf_counter()
+        batch = from_groups(minibatches, teacher=self.config.opd.beta > 0, pad_id=self.pad_id)
+        metrics = rl_step.prepare(self, batch)
+        t1 = time.perf_counter()
+        metrics.update(rl_step.update(self, batch, len(minibatches)))
+        self.rl_steps += 1
+        metrics.update(prepare_time=t1 - t0, update_time=time.perf_counter() - t1,
+                       step_time=time.perf_counter() - t0, weight_version=float(self.weight_version))
+        return metrics
+
+    def sft_step(self, batch: Sequence[Any]) -> dict[str, float]:
+        """Cross-entropy on the loss-mask tokens of ``(token_ids, loss_mask)`` rows; one optimizer step."""
+        t0 = time.perf_counter()
+        rows = as_sft_rows(batch, self.vocab_size) if len(batch) else []
+        sb = from_sft_rows(rows, self.pad_id)
+        everything = list(range(sb.rows))
+        n_tok, n_seq = self.global_counts(sb, everything)
+        mode, temp = self.config.sft.aggregation, self.config.algorithm.temperature
+
+        def loss_fn(mb: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
+            ids, attn, mask = (mb.get(k, self.device) for k in ("token_ids", "attention_mask", "loss_mask"))
+            with self.autocast():
+                out = forward_logprobs(self.policy, ids, attn, temperature=temp)
+            loss = aggregate(-out.logp, mask, mode, num_tokens=n_tok, num_seqs=n_seq)
+            nll = (-out.logp * mask).sum() / max(n_tok, 1.0)
+            return loss, {"loss": loss, "nll": nll}
+
+        opt, sched = self.sft_optimizer()
+        sums = self.run_micro_batches(sb, self.plan(sb, everything), loss_fn, self.dummy)
+        metrics = self.reduce_metrics(sums)
+        metrics.update(self.optimizer_step(opt, sched, [p for g in opt.param_groups for p in g["params"]]))
+        self.sft_steps += 1
+        metrics.update(tokens=n_tok, sequences=n_seq, step_time=time.perf_counter() - t0,
+                       weight_version=float(self.weight_version))
+        return metrics
+
+    @torch.no_grad()
+    def compute_logprobs(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
+        """Per-token log-probs (index 0 = 0) of ``(token_ids, loss_mask)`` rows under the current
+        policy, as the old-log-prob pass computes them (one process only)."""
+        sb = from_sft_rows([as_sft_rows([r])[0] for r in rows], self.pad_id)
+        out = torch.zeros(sb.token_ids.shape)
+        for mb_rows in self.plan(sb, range(sb.rows)):
+            mb = sb.slice(mb_rows)
+            with self.autocast():
+                res = forward_logprobs(self.policy, mb.get("token_ids", self.device),
+                                       mb.get("attention_mask", self.device),
+                                       temperature=self.config.algorithm.temperature)
+            out[mb.idx, : mb.width] = res.logp.float().cpu()
+        return [out[i, :n].tolist() for i, n in enumerate(sb.lengths)]
+
+    def named_tensors(self, dtype: str | None = None) -> Iterator[tuple[str, Tensor]]:
+        """Full policy tensors under the HF state-dict names (tied weights under each name). In one
+        process they may share storage with the live weights (copy before the next step). FSDP:
+        gathered on rank 0; other ranks yield nothing."""
+        target = _DTYPES[dtype] if dtype else None
+        for name, t in self.comm.model_state(self.policy).items():
+            yield name, (t.to(target) if target is not None else t)
+
+    def state_dict(self) -> dict[str, Any]:
+        opts = [self.optimizer] + ([self._sft_opt[0]] if self._sft_opt else [])
+        model_sd, optim_sds = self.comm.full_state(self.root, opts)
+        state = {"format": 1, "model": model_sd, "optimizer": optim_sds[0], "scheduler": self.scheduler.state_dict(),
+                 "weight_version": self.weight_version, "rl_steps": self.rl_steps, "sft_steps": self.sft_steps}
+        if self._sft_opt:
+            state.update(sft_optimizer=optim_sds[1], sft_scheduler=self._sft_opt[1].state_dict())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pairs = [(self.optimizer, state.get("optimizer") or {})]
+        if "sft_optimizer" in state:
+            opt, sched = self.sft_optimizer()
+            if opt is self.optimizer:
+                raise ValueError("checkpoint has an SFT optimizer but trainer.sft.optimizer is not configured")
+            pairs.append((opt, state["sft_optimizer"] or {}))
+            sched.load_state_dict(state["sft_scheduler"])
+        self.comm.load_full_state(self.root, state.get("model") or {}, pairs)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.weight_version = int(state["weight_version"])
+        self.rl_steps, self.sft_steps = int(state.get("rl_steps", 0)), int(state.get("sft_steps", 0))
+
+    def close(self) -> None:
+        self.comm.close()

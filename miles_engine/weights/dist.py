@@ -1,0 +1,77 @@
+"""A torch.distributed process group for weight sync, built *beside* the default group.
+
+Trainer rank 0 owns a ``TCPStore`` (port 0 picks a free one); engine processes join as ranks
+``1..world_size-1``. The group is constructed directly (``ProcessGroupGloo`` /
+``ProcessGroupNCCL`` over a ``PrefixStore``), so it never touches ``init_process_group``: the
+trainer's own FSDP group and an engine's internals stay untouched. Gloo on CPU (loopback
+device when the master address is a loopback address), NCCL on GPU.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("gloo", "nccl")
+
+
+def resolve_backend(backend: str) -> str:
+    if backend == "auto":
+        return "nccl" if torch.cuda.is_available() else "gloo"
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown process-group backend {backend!r}; allowed: auto, {', '.join(BACKENDS)}")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ValueError("backend 'nccl' needs CUDA, which this process does not have; use 'gloo'")
+    return backend
+
+
+def comm_device(backend: str) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+
+
+def master_store(master_address: str, world_size: int, timeout_s: float, port: int = 0) -> dist.TCPStore:
+    """The rank-0 store; returns at once (workers connect later). ``store.port`` is the bound port."""
+    return dist.TCPStore(master_address, port, world_size, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def new_group(backend: str, *, master_address: str, master_port: int, rank: int, world_size: int,
+              group_name: str, timeout_s: float, store: Any = None) -> Any:
+    """Join (rank > 0) or create (rank 0, ``store`` from :func:`master_store`) the group.
+    Blocks until every rank has joined (run it in a thread)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is outside a group of world_size {world_size}")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if store is None:
+        store = dist.TCPStore(master_address, master_port, world_size, is_master=False, timeout=timeout)
+    prefixed = dist.PrefixStore(f"miles/{group_name}", store)
+    if backend == "gloo":
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        device = (dist.ProcessGroupGloo.create_device(hostname="127.0.0.1") if _is_loopback(master_address)
+                  else dist.ProcessGroupGloo.create_default_device())
+        opts._devices = [device]
+        return dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
+    if backend == "nccl":
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
+    raise ValueError(f"unknown process-group backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+
+
+def broadcast(group: Any, tensor: torch.Tensor, src: int = 0) -> None:
+    """Blocking broadcast of ``tensor`` from ``src`` (in place on the receivers)."""
+    group.broadcast(tensor, src).wait()
+    if tensor.is_cuda:
+        torch.cuda.current_stream().synchronize()

@@ -1,0 +1,84 @@
+"""Weight-sync routes of the SGLang-compatible engine server (added by ``create_app``):
+
+- ``POST /init_weights_update_group`` and ``POST /update_weights_from_distributed``,
+  ``POST /destroy_weights_update_group``: names and fields as SGLang's; answers
+  ``{"success", "message"}`` (400 with ``success: false`` when refused).
+- ``POST /miles/weight_checksums`` (ours): ``{"names": [...]}`` (optional) ->
+  ``{"checksums": {name: sha256}, "weight_version"}``, to verify a push tensor by tensor.
+
+Imports no torch until a route is called.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from miles_engine.engines.http.wire import error_body
+from miles_engine.errors import MilesError
+
+log = logging.getLogger(__name__)
+
+
+def _refused(msg: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"success": False, "message": msg,
+                         **error_body(msg, "BadRequestError" if status < 500 else "InternalServerError")},
+                        status_code=status)
+
+
+def add_weight_sync_routes(app: FastAPI, engine: Any, *, update_lock: asyncio.Lock,
+                           parse: Callable[[Request], Awaitable[dict[str, Any]]]) -> None:
+    from miles_engine.weights.receiver import DistributedReceiver, ReceiveError
+
+    receiver = DistributedReceiver(engine, update_lock=update_lock)
+
+    async def _guard(call: Callable[[], Awaitable[str]], what: str) -> JSONResponse:
+        try:
+            message = await call()
+        except (ReceiveError, MilesError, ValueError) as exc:
+            return _refused(f"{what} refused: {exc}")
+        except Exception as exc:  # noqa: BLE001 - the server keeps serving
+            log.exception("%s failed", what)
+            return _refused(f"{what} failed: {type(exc).__name__}: {exc}", 500)
+        return JSONResponse({"success": True, "message": message})
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(request: Request) -> JSONResponse:
+        body = await parse(request)
+        return await _guard(lambda: receiver.init_group(body), "init_weights_update_group")
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request) -> JSONResponse:
+        body = await parse(request)
+
+        async def run() -> str:
+            return (await receiver.update(body))[0]
+
+        return await _guard(run, "update_weights_from_distributed")
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(request: Request) -> JSONResponse:
+        body = await parse(request)
+
+        async def run() -> str:
+            return receiver.destroy_group(str(body.get("group_name", "weight_update_group")))
+
+        return await _guard(run, "destroy_weights_update_group")
+
+    @app.post("/miles/weight_checksums")
+    async def weight_checksums(request: Request) -> JSONResponse:
+        body = await parse(request)
+        model = getattr(engine, "model", None)
+        if model is None:
+            return _refused(f"{type(engine).__name__} does not expose its tensors; checksums need an embedded engine")
+        names = body.get("names")
+        from miles_engine.weights.tensors import digests
+
+        async with update_lock:  # never read a half-copied update
+            sums = await asyncio.to_thread(digests, model.state_dict(), names)
+        return JSONResponse({"checksums": sums, "weight_version": str(engine.weight_version)})

@@ -1,0 +1,120 @@
+"""Tensor plumbing shared by the transports and the engine-side receiver: dtype names, checking
+and casting against an engine's metadata, flat byte buckets, per-tensor digests."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from miles_engine.engines.protocol import TensorMeta
+from miles_engine.errors import did_you_mean
+from miles_engine.weights.protocol import WeightPushError
+
+ALIGN = 64  # byte alignment of every tensor inside a flat bucket (views need aligned offsets)
+_SHOW = 5
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    """``"bfloat16"`` / ``"torch.bfloat16"`` -> ``torch.bfloat16`` (ValueError otherwise)."""
+    value = getattr(torch, str(name).removeprefix("torch."), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"unknown dtype {name!r}")
+    return value
+
+
+def nbytes(dtype: torch.dtype, shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n * torch.empty((), dtype=dtype).element_size()
+
+
+def conform(named: Iterable[tuple[str, torch.Tensor]], metadata: Sequence[TensorMeta],
+            where: str) -> Iterable[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` detached, cast to the engine's dtype where both are floating point;
+    raise :class:`WeightPushError` on an unknown name, a shape or a non-castable dtype mismatch.
+    With empty ``metadata`` (an engine that does not publish it) tensors pass unchanged."""
+    meta = {m.name: m for m in metadata}
+    for name, tensor in named:
+        t = tensor.detach()
+        m = meta.get(name)
+        if m is None:
+            if meta:
+                raise WeightPushError(f"{where}: the engine has no tensor {name!r}{did_you_mean(name, meta)}; "
+                                      f"nothing of this push was applied")
+            yield name, t
+            continue
+        if tuple(t.shape) != tuple(m.shape):
+            raise WeightPushError(f"{where}: {name!r} has shape {tuple(t.shape)}, the engine's is {tuple(m.shape)}")
+        target = parse_dtype(m.dtype)
+        if t.dtype != target:
+            if not (t.dtype.is_floating_point and target.is_floating_point):
+                raise WeightPushError(f"{where}: {name!r} is {dtype_name(t.dtype)}, the engine's is {m.dtype} "
+                                      f"(only floating-point tensors are cast)")
+            t = t.to(target)
+        yield name, t
+
+
+def check_received(incoming: Mapping[str, tuple[str, Sequence[int]]], metadata: Sequence[TensorMeta]) -> list[str]:
+    """Problems of received (dtype, shape) against the engine's metadata (empty list = fine)."""
+    meta = {m.name: m for m in metadata}
+    problems = []
+    for name, (dtype, shape) in incoming.items():
+        m = meta.get(name)
+        if m is None:
+            problems.append(f"unknown tensor {name!r}{did_you_mean(name, meta)}")
+        elif tuple(shape) != tuple(m.shape):
+            problems.append(f"{name!r}: shape {tuple(shape)}, model has {tuple(m.shape)}")
+        elif dtype_name(parse_dtype(dtype)) != m.dtype:
+            problems.append(f"{name!r}: dtype {dtype}, model has {m.dtype}")
+    return problems[:_SHOW] + ([f"and {len(problems) - _SHOW} more"] if len(problems) > _SHOW else [])
+
+
+def layout(dtypes: Sequence[torch.dtype], shapes: Sequence[Sequence[int]]) -> tuple[list[tuple[int, int]], int]:
+    """(offset, nbytes) of each tensor in a flat bucket, and the bucket's total size."""
+    spans, off = [], 0
+    for dtype, shape in zip(dtypes, shapes):
+        size = nbytes(dtype, shape)
+        spans.append((off, size))
+        off += -(-size // ALIGN) * ALIGN
+    return spans, off
+
+
+def pack(tensors: Sequence[torch.Tensor], device: torch.device | str) -> torch.Tensor:
+    spans, total = layout([t.dtype for t in tensors], [t.shape for t in tensors])
+    buf = torch.zeros(total, dtype=torch.uint8, device=device)
+    for t, (off, size) in zip(tensors, spans):
+        if size:
+            buf[off:off + size].copy_(t.to(device).contiguous().reshape(-1).view(torch.uint8))
+    return buf
+
+
+def unpack(buf: torch.Tensor, dtypes: Sequence[torch.dtype], shapes: Sequence[Sequence[int]]) -> list[torch.Tensor]:
+    spans, _ = layout(dtypes, shapes)
+    out = []
+    for dtype, shape, (off, size) in zip(dtypes, shapes, spans):
+        out.append(buf[off:off + size].view(dtype).reshape(tuple(shape)) if size
+                   else torch.empty(tuple(shape), dtype=dtype, device=buf.device))
+    return out
+
+
+def digest(t: torch.Tensor) -> str:
+    """sha256 of a tensor's dtype, shape and bytes (compares tensors across processes)."""
+    data = t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    h = hashlib.sha256(f"{dtype_name(t.dtype)}{tuple(t.shape)}".encode())
+    h.update(data)
+    return h.hexdigest()
+
+
+def digests(named: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+            names: Iterable[str] | None = None) -> dict[str, str]:
+    items: Any = named.items() if isinstance(named, Mapping) else named
+    wanted = None if names is None else set(names)
+    return {n: digest(t) for n, t in items if wanted is None or n in wanted}
