@@ -1,22 +1,8 @@
 """``AsyncBuffer``: a bounded queue of finished groups between the scheduler and the trainer.
 
-- **put** (scheduler side) filters, then waits while the buffer is full (back-pressure).
-  Filters, in order:
-  1. a trajectory has *failed* when its status is not ``"ok"`` (``failed`` / ``timeout`` /
-     ``aborted``) or it has no usable reward (``no_reward``: ``None`` or NaN);
-  2. a group whose trajectories all failed is dropped (``all_failed``);
-  3. a group with some failed trajectories follows ``partial_failure``:
-     - ``zero_reward`` (default): failed trajectories stay, with reward 0.0 and
-       ``tags["failure"]`` set, so a timed-out or crashed attempt scores like a wrong answer
-       (no hidden selection toward short or easy episodes); failed trajectories without any
-       sampled token are removed (nothing to train on);
-     - ``drop_failed``: failed trajectories are removed (infrastructure noise is not blamed on
-       the policy; this does select against long, timing-out episodes — watch the
-       length-bucket acceptance);
-     - ``drop_group``: the whole group is dropped (``partial_failure``);
-     after removal, fewer than ``min_group_size`` trajectories drop the group (``too_few_ok``);
-  4. the user filter (``filter``, a dotted path; ``f(group) -> bool | (bool, reason)``),
-     reason ``user`` / ``user:<reason>``; a raising filter drops the group (``user_filter_error``).
+- **put** (scheduler side) applies the put-time filters of :mod:`.filters` (failed and
+  timed-out trajectories, the ``partial_failure`` policy, the user ``filter`` given by dotted
+  path), then waits while the buffer is full (back-pressure).
 - **get(n, current_version)** waits for ``n`` groups, evicting groups whose ``s_old`` exceeds
   ``max_staleness`` first (``stale``; with ``on_stale="keep"`` they are only counted), and
   takes the stalest groups first so that slow (long) groups are consumed before they expire.
@@ -37,18 +23,19 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from miles_engine.errors import MilesError
+from miles_engine.rollout.filters import GroupFilter, apply_failure_policy, failure_reason, user_filter_reason
 from miles_engine.rollout.staleness import DEFAULT_LENGTH_EDGES, GroupStaleness, LengthBuckets, group_staleness
-from miles_engine.rollout.types import Group, Trajectory
+from miles_engine.rollout.types import Group
 
 log = logging.getLogger(__name__)
-GroupFilter = Callable[[Group], Any]
+__all__ = ["AsyncBuffer", "BufferClosed", "BufferOptions", "GroupFilter", "failure_reason"]
 
 
 class BufferOptions(BaseModel):
@@ -75,14 +62,6 @@ class _Entry:
     group: Group
     seq: int
     oldest: float  # oldest sampled-token version (inf when unversioned)
-
-
-def failure_reason(t: Trajectory) -> str | None:
-    if t.status != "ok":
-        return t.status
-    if t.reward is None or (isinstance(t.reward, float) and math.isnan(t.reward)):
-        return "no_reward"
-    return None
 
 
 def _agg(values: Sequence[float], prefix: str) -> dict[str, float]:
@@ -173,57 +152,15 @@ class AsyncBuffer:
                  f" ({detail})" if detail else "")
 
     # ------------------------------------------------------------------ put
-    def _apply_failure_policy(self, group: Group) -> str | None:
-        """Mutates ``group`` per ``partial_failure``; returns a drop reason or ``None``."""
-        reasons = [failure_reason(t) for t in group.trajectories]
-        for r in reasons:
-            if r is not None:
-                self.failed_trajectories[r] += 1
-        failed = [t for t, r in zip(group.trajectories, reasons) if r is not None]
-        if not group.trajectories or len(failed) == len(group.trajectories):
-            return "all_failed"
-        if not failed:
-            return None
-        policy = self.options.partial_failure
-        if policy == "drop_group":
-            return "partial_failure"
-        keep: list[Trajectory] = []
-        removed: list[Trajectory] = []
-        for t, r in zip(group.trajectories, reasons):
-            if r is None:
-                keep.append(t)
-            elif policy == "zero_reward" and t.num_sampled > 0:
-                t.reward, t.tags["failure"] = 0.0, r
-                keep.append(t)
-            else:
-                removed.append(t)
-        if len(keep) < self.options.min_group_size:
-            return "too_few_ok"
-        if removed:
-            self.lengths.record(removed, accepted=False)
-            group.info["removed_failed"] = len(removed)
-        group.trajectories = keep
-        return None
-
-    def _user_filter(self, group: Group) -> str | None:
-        if self._filter_fn is None:
-            return None
-        try:
-            verdict = self._filter_fn(group)
-        except Exception:  # noqa: BLE001 - a buggy filter drops (counted, logged), never crashes the run
-            log.exception("buffer: user filter raised on group %s", group.group_id)
-            return "user_filter_error"
-        if isinstance(verdict, tuple):
-            keep, why = verdict[0], (verdict[1] if len(verdict) > 1 else None)
-        else:
-            keep, why = getattr(verdict, "keep", verdict), getattr(verdict, "reason", None)
-        return None if keep else (f"user:{why}" if why else "user")
-
     async def put(self, group: Group) -> bool:
         """Filter ``group`` and enqueue it (waiting while full). ``False`` if it was dropped."""
         if self._closed is not None:
             raise BufferClosed(self._closed)
-        reason = self._apply_failure_policy(group) or self._user_filter(group)
+        verdict = apply_failure_policy(group, self.options.partial_failure, self.options.min_group_size)
+        self.failed_trajectories.update(verdict.failures)
+        if verdict.removed:
+            self.lengths.record(verdict.removed, accepted=False)
+        reason = verdict.drop or user_filter_reason(self._filter_fn, group)
         if reason is not None:
             self._drop(group, reason)
             self.untrack(group.group_id)

@@ -116,10 +116,11 @@ class OneStepOffMode(_PhasedMode):
 class FullyAsyncMode(RolloutMode):
     name = "fully_async"
 
-    def __init__(self, scheduler: Scheduler, *, groups_per_step: int, max_staleness: int | None = None,
-                 admission: bool = True) -> None:
+    def __init__(self, scheduler: Scheduler, *, groups_per_step: int, admission: bool = True) -> None:
+        """The bound is the buffer's ``max_staleness`` (one source of truth: the buffer enforces it
+        at get time and waits for stragglers; admission control keeps it from having to drop)."""
         super().__init__(scheduler, groups_per_step=groups_per_step)
-        bound = self.buffer.options.max_staleness if max_staleness is None else max_staleness
+        bound = self.buffer.options.max_staleness
         self.max_staleness = bound
         self.admission: AdmissionControl | None = None
         if bound is not None and admission:

@@ -83,7 +83,8 @@ class Scheduler:
         self.gate: Callable[[], bool] | None = None
         self._groups: dict[str, _GroupRun] = {}
         self._seq = itertools.count()
-        self._wake = asyncio.Event()
+        self._wake = asyncio.Event()  # the submission loop's
+        self._progress = asyncio.Event()  # wait_idle's
         self._loop_task: asyncio.Task[None] | None = None
         self._paused = False
         self._stopping = False
@@ -121,6 +122,7 @@ class Scheduler:
     def notify(self) -> None:
         """Re-check the submission conditions now (e.g. after a weight push opened the gate)."""
         self._wake.set()
+        self._progress.set()
 
     async def stop(self, *, close_buffer: bool = True) -> None:
         """Stop submitting, cancel every running episode (their own ``finally`` blocks close
@@ -146,8 +148,8 @@ class Scheduler:
         """Wait until no episode runs and no group waits to enter the buffer."""
         async with asyncio.timeout(timeout):
             while self.inflight or self.pending_puts:
-                self._wake.clear()
-                await self._wait_wake()
+                self._progress.clear()
+                await self._wait_wake(self._progress)
 
     # ------------------------------------------------------------------ submission loop
     def _blocker(self) -> str | None:
@@ -161,10 +163,10 @@ class Scheduler:
             return "gate"
         return None
 
-    async def _wait_wake(self) -> None:
+    async def _wait_wake(self, event: asyncio.Event | None = None) -> None:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self.options.poll_s):
-                await self._wake.wait()
+                await (event or self._wake).wait()
 
     async def _loop(self) -> None:
         try:

@@ -1,14 +1,25 @@
-"""Talking to a session server as a harness does: create/collect/delete sessions (httpx) and
-chat turns through the official ``openai`` SDK when installed (else plain httpx)."""
+"""Talking to a session server as a harness does: create/collect/delete sessions and chat turns.
+
+Chat turns go through the official ``openai`` SDK (``use_openai=True``, the default when it
+is installed), or straight over HTTP with ``aiohttp`` (``transport="aiohttp"``, the fast path
+the training loop uses at 64+ concurrent episodes) or ``httpx``. Connection pools are shared
+per event loop and server: building a client loads the CA bundle (~30 ms), and httpx's pool
+checks every idle connection on every request, which dominated short episodes.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
-from typing import Any
+import weakref
+from typing import Any, Literal
 
 from miles_engine.errors import ConfigError
 
 ENV_URL = "MILES_TITO_URL"
+Transport = Literal["httpx", "aiohttp"]
+_POOLS: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], Any]] = weakref.WeakKeyDictionary()
 
 
 def server_url(explicit: str | None) -> str:
@@ -19,27 +30,61 @@ def server_url(explicit: str | None) -> str:
     return url.rstrip("/")
 
 
+def _pool(kind: Transport, url: str) -> Any:
+    pools = _POOLS.setdefault(asyncio.get_running_loop(), {})
+    client = pools.get((kind, url))
+    if client is not None and not (client.closed if kind == "aiohttp" else client.is_closed):
+        return client
+    if kind == "aiohttp":
+        try:
+            import aiohttp
+        except ImportError as exc:
+            raise ConfigError("the agent's HTTP transport 'aiohttp' needs the aiohttp package "
+                              "(pip install aiohttp)") from exc
+        client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))
+    else:
+        import httpx
+
+        client = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=64, max_keepalive_connections=64))
+    pools[(kind, url)] = client
+    return client
+
+
 class SessionClient:
     """One session on a TITO server: ``open`` → ``chat``… → ``collect`` → ``close``."""
 
     def __init__(self, url: str, *, api_key: str = "miles", timeout_s: float = 300.0, use_openai: bool | None = None,
-                 model: str = "miles-policy") -> None:
-        import httpx
-
+                 model: str = "miles-policy", transport: Transport = "httpx") -> None:
         self.url = url.rstrip("/")
         self.api_key = api_key
         self.model = model
-        self.http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
         self.timeout_s = timeout_s
+        self.transport = transport
         self.session_id = ""
         self.base_url = ""
         self._openai: Any = None
         self._use_openai = use_openai
 
+    async def _request(self, method: str, url: str, body: Any = None) -> tuple[int, str]:
+        client = _pool(self.transport, self.url)
+        if self.transport == "aiohttp":
+            import aiohttp
+
+            async with client.request(method, url, json=body, timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                      headers={"authorization": f"Bearer {self.api_key}"}) as resp:
+                return resp.status, await resp.text()
+        resp = await client.request(method, url, json=body, timeout=self.timeout_s,
+                                    headers={"authorization": f"Bearer {self.api_key}"})
+        return resp.status_code, resp.text
+
+    async def _json(self, method: str, url: str, body: Any = None) -> Any:
+        status, text = await self._request(method, url, body)
+        if status != 200:
+            raise RuntimeError(f"{method} {url}: HTTP {status}: {text[:500]}")
+        return json.loads(text)
+
     async def open(self, *, mode: str = "linear", metadata: dict[str, Any] | None = None) -> str:
-        resp = await self.http.post("/sessions", json={"mode": mode, "metadata": metadata or {}})
-        resp.raise_for_status()
-        body = resp.json()
+        body = await self._json("POST", f"{self.url}/sessions", {"mode": mode, "metadata": metadata or {}})
         self.session_id, self.base_url = body["session_id"], body["base_url"]
         if self._use_openai is not False:
             try:
@@ -48,8 +93,8 @@ class SessionClient:
                 if self._use_openai:
                     raise ConfigError("the 'openai' package is not installed (pip install openai)") from None
             else:
-                self._openai = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key,
-                                                  max_retries=0, timeout=self.timeout_s)
+                self._openai = openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0,
+                                                  timeout=self.timeout_s, http_client=_pool("httpx", self.url))
         return self.session_id
 
     async def chat(self, messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
@@ -60,23 +105,23 @@ class SessionClient:
             resp = await self._openai.chat.completions.create(
                 model=self.model, messages=messages, extra_body=extra or None, **params)
             return resp.choices[0].message.model_dump(exclude_none=True)
-        resp = await self.http.post(f"{self.base_url}/chat/completions",
-                                    json={"model": self.model, "messages": messages, **params})
-        if resp.status_code != 200:
-            raise RuntimeError(f"chat turn failed: HTTP {resp.status_code}: {resp.text[:500]}")
-        msg = resp.json()["choices"][0]["message"]
+        status, text = await self._request("POST", f"{self.base_url}/chat/completions",
+                                           {"model": self.model, "messages": messages, **params})
+        if status != 200:
+            raise RuntimeError(f"chat turn failed: HTTP {status}: {text[:500]}")
+        msg = json.loads(text)["choices"][0]["message"]
         return {k: v for k, v in msg.items() if v is not None}
 
     async def collect(self) -> dict[str, Any]:
-        resp = await self.http.get(f"/sessions/{self.session_id}/trajectories")
-        resp.raise_for_status()
-        return resp.json()
+        return await self._json("GET", f"{self.url}/sessions/{self.session_id}/trajectories")
 
     async def close(self, *, delete: bool = True) -> None:
-        try:
-            if delete and self.session_id:
-                await self.http.delete(f"/sessions/{self.session_id}")
-        finally:
-            if self._openai is not None:
-                await self._openai.close()
-            await self.http.aclose()
+        if delete and self.session_id:
+            await self._request("DELETE", f"{self.url}/sessions/{self.session_id}")
+
+
+async def close_pools() -> None:
+    """Close this event loop's pooled HTTP clients (call before the loop ends)."""
+    pools = _POOLS.pop(asyncio.get_running_loop(), {})
+    for (kind, _url), client in pools.items():
+        await (client.close() if kind == "aiohttp" else client.aclose())

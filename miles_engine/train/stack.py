@@ -140,10 +140,11 @@ class TrainingStack:
         return engine
 
     async def _start_server(self) -> Any:
+        from miles_engine.tito.client import close_pools
         from miles_engine.tito.serve import start_session_server
 
         server = await start_session_server(self.engine, self.codec)
-        self._closers.insert(0, server.stop)
+        self._closers[:0] = [close_pools, server.stop]
         return server
 
     def _make_agent(self) -> Any:

@@ -96,7 +96,8 @@ def masked_moments(x: Tensor, mask: Tensor) -> Tensor:
     return torch.stack([(x64 * m64).sum(), (x64 * x64 * m64).sum(), m64.sum()])
 
 
-def whiten(x: Tensor, mask: Tensor, moments: Tensor | None = None, eps: float = 1e-8, shift_mean: bool = True) -> Tensor:
+def whiten(x: Tensor, mask: Tensor, moments: Tensor | None = None, eps: float = 1e-8,
+           shift_mean: bool = True) -> Tensor:
     """``(x - mean) / sqrt(var + eps)`` over masked entries (population variance); ``moments`` from
     :func:`masked_moments` (summed over ranks) makes the statistics global."""
     s, ss, n = (masked_moments(x, mask) if moments is None else moments).tolist()

@@ -79,9 +79,11 @@ def from_token_rows(token_rows: Sequence[Sequence[int]], masks: Sequence[Sequenc
         lengths=lengths)
 
 
-def from_groups(minibatches: Sequence[Sequence[Group]], *, teacher: bool = False, pad_id: int = 0) -> StepBatch:
+def from_groups(minibatches: Sequence[Sequence[Group]], *, teacher: bool = False, pad_id: int = 0,
+                routing: tuple[int, int] | None = None) -> StepBatch:
     """Flatten ``minibatches`` (lists of groups) into one padded batch; rows remember their
-    group (numbered across the step) and minibatch."""
+    group (numbered across the step) and minibatch. ``routing`` = (MoE layers, top_k): also
+    build ``extra["routed"]`` ([rows, tokens, layers, top_k], -1 = not replayed)."""
     trajs, gidx, mbs = [], [], []
     g = 0
     for m, groups in enumerate(minibatches):
@@ -99,6 +101,15 @@ def from_groups(minibatches: Sequence[Sequence[Group]], *, teacher: bool = False
     batch.rewards = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32)
     batch.group_index = torch.tensor(gidx, dtype=torch.long)
     batch.minibatch = mbs
+    if routing is not None:
+        from miles_engine.trainer.replay import replay_rows
+
+        routed = torch.full((*batch.token_ids.shape, *routing), -1, dtype=torch.long)
+        for i, t in enumerate(trajs):
+            rows = replay_rows(t.routed_experts, t.loss_mask, *routing)
+            if rows is not None:
+                routed[i, : len(t.token_ids)] = rows
+        batch.extra["routed"] = routed
     return batch
 
 

@@ -34,6 +34,8 @@ class AlgorithmConfig(_Section):
         "recompute", description="recompute: the trainer's own log-probs before the update (needed by "
         "mismatch correction); rollout: trust the engine's (saves one forward pass)")
     temperature: float = Field(1.0, gt=0, description="logits are divided by this (match the sampler)")
+    routing_replay: bool = Field(False, description="R3: MoE routers use the experts recorded at rollout "
+                                 "(trajectory.routed_experts) on the sampled tokens")
 
 
 class ClipConfig(_Section):
@@ -112,7 +114,9 @@ class ValueConfig(_Section):
 
 
 class SFTConfig(_Section):
-    """Supervised warm start: cross-entropy on loss_mask tokens. Its own optimizer when given."""
+    """Supervised warm start: cross-entropy on loss_mask tokens. With ``optimizer`` or
+    ``lr_schedule`` set, SFT gets its own AdamW and schedule (unset parts copy the RL ones);
+    otherwise SFT steps use, and advance, the RL optimizer and schedule."""
 
     aggregation: Aggregation = "token_mean"
     optimizer: OptimizerConfig | None = None
@@ -147,7 +151,7 @@ class TrainerConfig(_Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     num_threads: int | None = Field(1, ge=1, description="torch intra-op threads; None leaves torch's default")
     gradient_checkpointing: bool = False
-    seed: int = 0
+    seed: int = Field(0, description="seeds random init when the model is built from a config")
 
     @model_validator(mode="after")
     def _cross(self) -> TrainerConfig:

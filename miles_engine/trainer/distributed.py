@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import socket
 import time
 import traceback
@@ -52,7 +53,9 @@ def _free_port() -> int:
 
 
 def _rank_main(rank: int, world: int, init_method: str, model: Any, config: dict, conn: Any) -> None:
-    """One rank: build the trainer, then serve commands until ``close``."""
+    """One rank: build the trainer, then serve commands until ``close``. Ctrl-C is the driver's
+    business: ranks ignore SIGINT and stop when the proxy closes them (or its pipe closes)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
     import torch.distributed as dist
 
@@ -60,6 +63,12 @@ def _rank_main(rank: int, world: int, init_method: str, model: Any, config: dict
     from miles_engine.trainer.torch_trainer import TorchTrainer
 
     cfg = TrainerConfig.load(config)
+    if os.environ.get("MILES_TRAINER_STACK_DUMP_S"):  # debugging a hang: dump every rank's stacks
+        import faulthandler
+        import sys
+
+        faulthandler.dump_traceback_later(float(os.environ["MILES_TRAINER_STACK_DUMP_S"]), repeat=True,
+                                          file=sys.stderr)
     try:
         if cfg.parallel.device == "cuda":
             torch.cuda.set_device(rank)
@@ -69,7 +78,7 @@ def _rank_main(rank: int, world: int, init_method: str, model: Any, config: dict
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=cfg.parallel.step_timeout_s or 1800))
         trainer = TorchTrainer(model, cfg, device=device, comm=FSDP2(device))
-        conn.send(("ok", {"vocab_size": trainer.vocab_size}))
+        conn.send(("ok", {"vocab_size": trainer.vocab_size, "routing": trainer.routing}))
     except BaseException:  # noqa: BLE001 - reported to the proxy
         conn.send(("error", traceback.format_exc()))
         return
@@ -88,7 +97,8 @@ def _rank_main(rank: int, world: int, init_method: str, model: Any, config: dict
             elif cmd == "sft":
                 out = trainer.sft_step(arg)
             elif cmd == "named_tensors":
-                out = _dumps(dict(trainer.named_tensors(arg))) if rank == 0 else None
+                tensors = dict(trainer.named_tensors(arg))  # a collective: every rank gathers
+                out = _dumps(tensors) if rank == 0 else None
             elif cmd == "state_dict":
                 state = trainer.state_dict()
                 out = _dumps(state) if rank == 0 else None
@@ -104,6 +114,12 @@ def _rank_main(rank: int, world: int, init_method: str, model: Any, config: dict
         except BaseException:  # noqa: BLE001
             conn.send(("error", traceback.format_exc()))
             break
+
+
+def rank_info(trainer: Any) -> dict[str, Any]:
+    """For :meth:`FSDPTrainer.call`: where a rank stands."""
+    return {"rank": trainer.comm.rank, "world_size": trainer.comm.world_size, "device": str(trainer.device),
+            "weight_version": trainer.weight_version}
 
 
 def _stop(procs: list[Any]) -> None:
@@ -142,6 +158,7 @@ class FSDPTrainer:
         self._closed = False
         info = self._gather(self.config.parallel.start_timeout_s, "start")
         self.vocab_size = int(info["vocab_size"])
+        self.routing = info["routing"]
         self._version = 0
 
     # ------------------------------------------------------------------ plumbing
@@ -187,7 +204,7 @@ class FSDPTrainer:
     def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
         cfg = self.config
         validate_groups(groups, vocab_size=self.vocab_size, need_teacher=cfg.opd.beta > 0,
-                        std_normalization=cfg.uses_std_normalization)
+                        std_normalization=cfg.uses_std_normalization, routing=self.routing)
         minibatches = split_groups(groups, min(cfg.minibatches, len(groups)))
         shares = [split_groups(mb, self.world_size) for mb in minibatches]
         per_rank = [[share[r] for share in shares] for r in range(self.world_size)]
@@ -204,7 +221,7 @@ class FSDPTrainer:
 
     def named_tensors(self, dtype: str | None = None) -> Iterator[tuple[str, Any]]:
         data = self._send("named_tensors", [dtype] * self.world_size)
-        yield from _loads(data).items()
+        return iter(_loads(data).items())
 
     def state_dict(self) -> dict[str, Any]:
         return _loads(self._send("state_dict", [None] * self.world_size))
@@ -249,5 +266,4 @@ def build_trainer(model: Any, config: TrainerConfig | dict[str, Any] | None = No
         return FSDPTrainer(model, cfg)
     from miles_engine.trainer.torch_trainer import TorchTrainer
 
-    device = "cuda" if cfg.parallel.device == "cuda" else "cpu"
-    return TorchTrainer(model, cfg, device=device)
+    return TorchTrainer(model, cfg)

@@ -75,18 +75,43 @@ class ForwardOut:
         self.logp, self.entropy, self.hidden = logp, entropy, hidden
 
 
+def _keep_mask(mask: Tensor | None) -> Tensor | None:
+    """Positions whose logits predict a masked token: ``keep[:, t] = mask[:, t + 1]``."""
+    if mask is None:
+        return None
+    keep = torch.zeros(mask.shape, dtype=torch.bool, device=mask.device)
+    keep[:, :-1] = mask[:, 1:] > 0
+    return keep
+
+
 def forward_logprobs(model: nn.Module, ids: Tensor, attn: Tensor, *, temperature: float = 1.0,
-                     entropy: str = "none", hidden: bool = False) -> ForwardOut:
+                     entropy: str = "none", hidden: bool = False, mask: Tensor | None = None) -> ForwardOut:
     """Per-token log-probs aligned with ``ids`` (index 0 = 0); ``entropy``: ``none``, ``metric``
-    (detached) or ``grad``; ``hidden``: also return the last hidden state."""
-    out = model(input_ids=ids, attention_mask=attn, output_hidden_states=hidden, use_cache=False)
-    logits = out.logits[:, :-1].float()
+    (detached) or ``grad``; ``hidden``: also return the last hidden state. With ``mask`` only
+    the masked tokens are scored (0 elsewhere): the LM head and the softmax then run only on the
+    positions that predict them (``logits_to_keep`` with a boolean mask), a large saving when
+    prompts and environment tokens dominate the rows."""
+    keep = _keep_mask(mask)
+    kwargs: dict[str, Any] = {"logits_to_keep": keep} if keep is not None else {}
+    out = model(input_ids=ids, attention_mask=attn, output_hidden_states=hidden, use_cache=False, **kwargs)
+    logits = out.logits.float()
+    if keep is not None and logits.dim() == 3:  # the model ignored logits_to_keep: select here
+        logits = logits[keep]
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
-    logp = torch.nn.functional.pad(logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))
+    if keep is None:
+        logp = torch.nn.functional.pad(logp_all[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))
+    else:
+        rows, cols = keep.nonzero(as_tuple=True)
+        vals = logp_all.gather(-1, ids[rows, cols + 1][:, None]).squeeze(-1)
+        logp = torch.zeros(ids.shape, dtype=vals.dtype, device=ids.device).index_put((rows, cols + 1), vals)
     ent = None
     if entropy != "none":
         src = logp_all if entropy == "grad" else logp_all.detach()
-        ent = torch.nn.functional.pad(-(src.exp() * src).sum(-1), (1, 0))
+        h = -(src.exp() * src).sum(-1)
+        if keep is None:
+            ent = torch.nn.functional.pad(h[:, :-1], (1, 0))
+        else:
+            ent = torch.zeros(ids.shape, dtype=h.dtype, device=ids.device).index_put((rows, cols + 1), h)
     return ForwardOut(logp, ent, out.hidden_states[-1] if hidden else None)

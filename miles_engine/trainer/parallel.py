@@ -7,6 +7,7 @@ state dicts on rank 0. The trainer code is the same for both.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -86,6 +87,8 @@ class FSDP2(Local):
         self.world_size = dist.get_world_size()
         self.device = device
         self.mesh = init_device_mesh(device.type, (self.world_size,))
+        # HF models and the value head return views; nothing here modifies outputs in place
+        warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
     def _reduce(self, t: torch.Tensor, op: Any) -> torch.Tensor:
         buf = t.detach().clone().to(self.device)

@@ -43,18 +43,24 @@ def prepare(tr: TorchTrainer, batch: StepBatch) -> dict[str, float]:
         with tr.autocast():  # module order = TorchTrainer.dummy's (FSDP collectives must match)
             out = None
             if need_policy:
-                out = forward_logprobs(tr.policy, ids, attn, temperature=alg.temperature, hidden=use_value_head)
+                tr.set_routing(mb)
+                out = forward_logprobs(tr.policy, ids, attn, temperature=alg.temperature, hidden=use_value_head,
+                                       mask=mb.get("loss_mask", tr.device))
                 if recompute:
                     mb.put("old_logp", out.logp)
             if is_ppo:
                 mb.put("old_values", _values(tr, ids, attn, out.hidden if out is not None else None))
             if tr.reference is not None:
-                mb.put("ref_logp", forward_logprobs(tr.reference, ids, attn, temperature=alg.temperature).logp)
+                mb.put("ref_logp", forward_logprobs(tr.reference, ids, attn, temperature=alg.temperature,
+                                                    mask=mb.get("loss_mask", tr.device)).logp)
         return torch.zeros(()), {}
 
     def dummy() -> Tensor:
         return tr.dummy(policy=need_policy, value=is_ppo, reference=tr.reference is not None)
 
+    for name, wanted in (("old_logp", recompute), ("old_values", is_ppo), ("ref_logp", tr.reference is not None)):
+        if wanted:  # a rank may have no rows at all
+            batch.extra[name] = torch.zeros(batch.token_ids.shape, dtype=torch.float32)
     if need_policy or is_ppo or tr.reference is not None:
         with torch.no_grad():
             tr.run_micro_batches(batch, tr.plan(batch, everything), old_pass, dummy, grad=False)
@@ -92,6 +98,8 @@ def prepare(tr: TorchTrainer, batch: StepBatch) -> dict[str, float]:
             "tokens": mask.double().sum()}
     if kl_reward is not None:
         sums["kl_reward_sum"] = kl_reward.double().sum()
+    if "routed" in batch.extra:  # positions replayed (one before each sampled token with a recorded route)
+        sums["replayed"] = (batch.extra["routed"][:, :, 0, 0] >= 0).double().sum()
     if recompute:
         m = cfg.mismatch
         if m.mode != "none":
@@ -106,6 +114,8 @@ def prepare(tr: TorchTrainer, batch: StepBatch) -> dict[str, float]:
                    advantage_abs_mean=red["adv_abs_sum"] / n_tok, tokens=red["tokens"], sequences=red["rows"])
     if "kl_reward_sum" in red:
         metrics["kl_reward"] = red["kl_reward_sum"] / n_tok
+    if "replayed" in red:
+        metrics["r3/replayed_fraction"] = red["replayed"] / n_tok
     return metrics
 
 
@@ -119,11 +129,16 @@ def _loss_fn(tr: TorchTrainer, n_tok: float, n_seq: float):
     def agg(x: Tensor, mask: Tensor) -> Tensor:
         return aggregate(x, mask, mode, num_tokens=n_tok, num_seqs=n_seq)
 
+    keys = ["loss", "pg_loss", "entropy", "clipfrac", "dual_clipfrac", "ratio_mean"]
+    keys += ["kl"] if tr.reference is not None else []
+    keys += ["value_loss", "value_clipfrac"] if is_ppo else []
+
     def fn(mb: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
         ids, attn = mb.get("token_ids", tr.device), mb.get("attention_mask", tr.device)
         mask, old, advantages = (mb.get(k, tr.device) for k in ("loss_mask", "old_logp", "advantages"))
+        tr.set_routing(mb)
         with tr.autocast():
-            out = forward_logprobs(tr.policy, ids, attn, temperature=alg.temperature,
+            out = forward_logprobs(tr.policy, ids, attn, temperature=alg.temperature, mask=mask,
                                    entropy="grad" if cfg.entropy_coef else "metric", hidden=want_hidden)
             pl = policy_loss(out.logp, old, advantages, mask, eps_low=clip.eps_low, eps_high=clip.high,
                              dual_clip_c=clip.dual_clip_c, sequence_level=alg.advantage_estimator == "gspo")
@@ -149,7 +164,7 @@ def _loss_fn(tr: TorchTrainer, n_tok: float, n_seq: float):
         m["loss"] = loss
         return loss, m
 
-    return fn
+    return fn, keys
 
 
 def update(tr: TorchTrainer, batch: StepBatch, n_minibatches: int) -> dict[str, float]:
@@ -163,8 +178,8 @@ def update(tr: TorchTrainer, batch: StepBatch, n_minibatches: int) -> dict[str, 
             n_tok, n_seq = tr.global_counts(batch, rows)
             if n_tok == 0:
                 continue  # every rank agrees: the counts are global
-            sums = tr.run_micro_batches(batch, tr.plan(batch, rows), _loss_fn(tr, n_tok, n_seq),
-                                        lambda: tr.dummy(value=is_ppo))
+            fn, keys = _loss_fn(tr, n_tok, n_seq)
+            sums = tr.run_micro_batches(batch, tr.plan(batch, rows), fn, lambda: tr.dummy(value=is_ppo), keys=keys)
             got = tr.reduce_metrics(sums)
             got.update(tr.optimizer_step(tr.optimizer, tr.scheduler, tr.trainable()))
             for k, v in got.items():

@@ -42,9 +42,35 @@ def check_row(token_ids: Sequence[int], loss_mask: Sequence[int], where: str, vo
                              f"(0..{vocab_size - 1})")
 
 
+def routed_pairs(routed: Sequence[Any], loss_mask: Sequence[int]) -> list[tuple[int, Any]]:
+    """``(token position, [layers][top_k] experts)`` from per-token routed experts (``None`` or
+    empty off the sampled tokens, as TITO assembles rows) or one entry per sampled token."""
+    n = len(loss_mask)
+    if len(routed) == n:
+        return [(i, routed[i]) for i in range(n) if routed[i] is not None and len(routed[i])]
+    sampled = [i for i, m in enumerate(loss_mask) if m]
+    if len(routed) == len(sampled):
+        return list(zip(sampled, routed))
+    raise BatchError(f"routed_experts has {len(routed)} entries; expected one per token ({n}) "
+                     f"or per sampled token ({len(sampled)})")
+
+
+def check_routed(traj: Trajectory, where: str, layers: int, top_k: int, num_experts: int) -> None:
+    try:
+        pairs = routed_pairs(traj.routed_experts or [], traj.loss_mask)
+    except BatchError as exc:
+        raise BatchError(f"{where}: {exc}") from None
+    for i, row in pairs:
+        ok = len(row) == layers and all(len(r) == top_k and all(0 <= int(e) < num_experts for e in r) for r in row)
+        if not ok:
+            raise BatchError(f"{where}: routed_experts entry for token {i} is not {layers} MoE layers x top-{top_k} "
+                             f"expert ids in 0..{num_experts - 1}")
+
+
 def validate_groups(groups: Sequence[Group], *, vocab_size: int | None = None, need_teacher: bool = False,
-                    std_normalization: bool = False) -> None:
-    """Raise :class:`BatchError` (naming group and trajectory) unless every group can be trained on."""
+                    std_normalization: bool = False, routing: tuple[int, int, int] | None = None) -> None:
+    """Raise :class:`BatchError` (naming group and trajectory) unless every group can be trained on.
+    ``routing`` = (MoE layers, top_k, experts) checks routed experts for replay."""
     if not groups:
         raise BatchError("train_step got no groups")
     for group in groups:
@@ -66,6 +92,8 @@ def validate_groups(groups: Sequence[Group], *, vocab_size: int | None = None, n
             for i, (lp, m) in enumerate(zip(traj.rollout_logprobs, traj.loss_mask)):
                 if m and not (math.isfinite(lp) and lp <= 1e-4):
                     raise BatchError(f"{where}: rollout_logprobs[{i}] = {lp!r} is not a log-probability")
+            if routing is not None and traj.routed_experts is not None:
+                check_routed(traj, where, *routing)
             if need_teacher:
                 tl = traj.teacher_logprobs
                 if tl is None or len(tl) != len(traj.token_ids):

@@ -41,15 +41,14 @@ class TorchTrainer:
     """Policy (+ reference, + critic) and optimizers; implements :class:`TrainerBackend`."""
 
     def __init__(self, model: Any, config: TrainerConfig | dict[str, Any] | None = None, *,
-                 device: str | torch.device = "cpu", comm: Local | None = None) -> None:
+                 device: str | torch.device | None = None, comm: Local | None = None) -> None:
         self.config = cfg = TrainerConfig.load(config)
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
-        self.device = torch.device(device)
+        self.device = torch.device(device if device is not None else cfg.parallel.device)
         if cfg.dtype == "bfloat16" and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise RuntimeError("trainer.dtype=bfloat16 but this GPU does not support bfloat16; use float32")
         self.comm = comm or Local()
-        torch.manual_seed(cfg.seed)
         self.policy = build_causal_lm(model, self.device, cfg.seed)
         if cfg.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
@@ -70,7 +69,12 @@ class TorchTrainer:
             else:
                 lm = build_causal_lm(cfg.value.critic_source or self.policy.config, self.device, cfg.seed + 1)
                 self.critic = self.root["critic"] = Critic(lm).to(self.device)
-        for name, module in self.root.items():
+        self.replay = None
+        if cfg.algorithm.routing_replay:
+            from miles_engine.trainer.replay import RoutingReplay
+
+            self.replay = RoutingReplay(self.policy)
+        for module in self.root.values():
             self.comm.shard(module)
         value_params = [p for k in ("value_head", "critic") if k in self.root for p in self.root[k].parameters()]
         groups = [{"params": list(self.policy.parameters())}]
@@ -83,6 +87,16 @@ class TorchTrainer:
         self.sft_steps = 0
 
     # ------------------------------------------------------------------ helpers
+    @property
+    def routing(self) -> tuple[int, int, int] | None:
+        """(MoE layers, top_k, experts) when routing replay is on."""
+        return None if self.replay is None else (self.replay.num_layers, self.replay.top_k, self.replay.num_experts)
+
+    def set_routing(self, mb: MicroBatch | None) -> None:
+        """Replay the rollout's experts in the next policy forward (``None``: the policy's own)."""
+        if self.replay is not None:
+            self.replay.set(mb.get("routed", self.device) if mb is not None and "routed" in mb.batch.extra else None)
+
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.config.dtype == "float32":
             return contextlib.nullcontext()
@@ -122,6 +136,7 @@ class TorchTrainer:
         ids = torch.zeros((1, 2), dtype=torch.long, device=self.device)
         attn = torch.ones_like(ids)
         loss = torch.zeros((), device=self.device)
+        self.set_routing(None)
         with self.autocast():
             if policy or (value and self.value_head is not None):
                 out = self.policy(input_ids=ids, attention_mask=attn, output_hidden_states=value, use_cache=False)
@@ -135,16 +150,22 @@ class TorchTrainer:
         return loss
 
     def run_micro_batches(self, batch: StepBatch, plan: list[list[int]], fn: LossFn,
-                          dummy: Callable[[], Tensor], *, grad: bool = True) -> dict[str, Tensor]:
+                          dummy: Callable[[], Tensor], *, grad: bool = True,
+                          keys: Sequence[str] = ()) -> dict[str, Tensor]:
         """``fn`` on each micro-batch (then backward when ``grad``; the loss is scaled by the world
-        size because FSDP averages gradients over ranks); returns the local sums of its metrics."""
-        sums: dict[str, Tensor] = {}
+        size because FSDP averages gradients over ranks); returns the local sums of its metrics,
+        which must be exactly ``keys`` (every rank reduces the same vector, even a rank that ran
+        only dummies)."""
+        sums = {k: torch.zeros((), dtype=torch.float64) for k in keys}
         for i in range(self.n_micro(plan)):
             loss, metrics = fn(batch.slice(plan[i])) if i < len(plan) else (dummy(), {})
             if grad:
                 (loss * self.comm.world_size).backward()
+            if metrics.keys() - sums.keys():
+                raise RuntimeError(f"metrics {sorted(metrics.keys() - sums.keys())} are not declared in keys")
             for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + v.detach().double().cpu()
+                sums[k] = sums[k] + v.detach().double().cpu()
+        self.set_routing(None)
         return sums
 
     def optimizer_step(self, opt: torch.optim.Optimizer, sched: Any, params: list[nn.Parameter]) -> dict[str, float]:
@@ -161,6 +182,7 @@ class TorchTrainer:
         return {"grad_norm": norm, "lr": lr, "skipped_steps": float(skipped)}
 
     def reduce_metrics(self, sums: dict[str, Tensor]) -> dict[str, float]:
+        """Sum over ranks; every rank must pass the same keys (a collective)."""
         if not sums:
             return {}
         keys = sorted(sums)
@@ -171,14 +193,15 @@ class TorchTrainer:
     def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
         """One RL step on whole groups: ``ppo_epochs x minibatches`` optimizer steps."""
         validate_groups(groups, vocab_size=self.vocab_size, need_teacher=self.config.opd.beta > 0,
-                        std_normalization=self.config.uses_std_normalization)
+                        std_normalization=self.config.uses_std_normalization, routing=self.routing)
         parts = min(self.config.minibatches, len(groups))
         return self.train_minibatches(split_groups(groups, parts))
 
     def train_minibatches(self, minibatches: Sequence[Sequence[Group]]) -> dict[str, float]:
         """``train_step`` on pre-split minibatches (a rank's share; lists may be empty)."""
         t0 = time.perf_counter()
-        batch = from_groups(minibatches, teacher=self.config.opd.beta > 0, pad_id=self.pad_id)
+        batch = from_groups(minibatches, teacher=self.config.opd.beta > 0, pad_id=self.pad_id,
+                            routing=self.routing[:2] if self.routing else None)
         metrics = rl_step.prepare(self, batch)
         t1 = time.perf_counter()
         metrics.update(rl_step.update(self, batch, len(minibatches)))
@@ -199,13 +222,13 @@ class TorchTrainer:
         def loss_fn(mb: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
             ids, attn, mask = (mb.get(k, self.device) for k in ("token_ids", "attention_mask", "loss_mask"))
             with self.autocast():
-                out = forward_logprobs(self.policy, ids, attn, temperature=temp)
+                out = forward_logprobs(self.policy, ids, attn, temperature=temp, mask=mask)
             loss = aggregate(-out.logp, mask, mode, num_tokens=n_tok, num_seqs=n_seq)
             nll = (-out.logp * mask).sum() / max(n_tok, 1.0)
             return loss, {"loss": loss, "nll": nll}
 
         opt, sched = self.sft_optimizer()
-        sums = self.run_micro_batches(sb, self.plan(sb, everything), loss_fn, self.dummy)
+        sums = self.run_micro_batches(sb, self.plan(sb, everything), loss_fn, self.dummy, keys=("loss", "nll"))
         metrics = self.reduce_metrics(sums)
         metrics.update(self.optimizer_step(opt, sched, [p for g in opt.param_groups for p in g["params"]]))
         self.sft_steps += 1
@@ -219,6 +242,7 @@ class TorchTrainer:
         policy, as the old-log-prob pass computes them (one process only)."""
         sb = from_sft_rows([as_sft_rows([r])[0] for r in rows], self.pad_id)
         out = torch.zeros(sb.token_ids.shape)
+        self.set_routing(None)
         for mb_rows in self.plan(sb, range(sb.rows)):
             mb = sb.slice(mb_rows)
             with self.autocast():
@@ -233,10 +257,14 @@ class TorchTrainer:
         process they may share storage with the live weights (copy before the next step). FSDP:
         gathered on rank 0; other ranks yield nothing."""
         target = _DTYPES[dtype] if dtype else None
-        for name, t in self.comm.model_state(self.policy).items():
-            yield name, (t.to(target) if target is not None else t)
+        state = self.comm.model_state(self.policy)  # now (a collective under FSDP), not when iterated
+        return iter([(name, t.to(target) if target is not None else t) for name, t in state.items()])
 
     def state_dict(self) -> dict[str, Any]:
+        """Everything to resume: model (policy, reference, critic), optimizer(s), scheduler(s),
+        counters; parameter-name keyed, so it loads into either backend. In one process the
+        tensors share storage with the live ones (like ``nn.Module.state_dict``): save or copy
+        before the next step."""
         opts = [self.optimizer] + ([self._sft_opt[0]] if self._sft_opt else [])
         model_sd, optim_sds = self.comm.full_state(self.root, opts)
         state = {"format": 1, "model": model_sd, "optimizer": optim_sds[0], "scheduler": self.scheduler.state_dict(),
@@ -259,4 +287,12 @@ class TorchTrainer:
         self.rl_steps, self.sft_steps = int(state.get("rl_steps", 0)), int(state.get("sft_steps", 0))
 
     def close(self) -> None:
+        if self.replay is not None:
+            self.replay.close()
         self.comm.close()
+
+    def __enter__(self) -> TorchTrainer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -72,9 +72,9 @@ class BroadcastTransport:
         world = len(engines) + 1
         self._store = await asyncio.to_thread(dist.master_store, self.master_address, world, self.timeout_s)
         port = self._store.port
-        group = asyncio.ensure_future(asyncio.to_thread(
+        group = dist.in_daemon_thread(
             dist.new_group, self.backend, master_address=self.master_address, master_port=port, rank=0,
-            world_size=world, group_name=self.group_name, timeout_s=self.timeout_s, store=self._store))
+            world_size=world, group_name=self.group_name, timeout_s=self.timeout_s, store=self._store)
         joins = [asyncio.ensure_future(e.init_weights_update_group(self.master_address, port, i + 1, world,
                                                                    group_name=self.group_name, backend=self.backend))
                  for i, e in enumerate(engines)]
@@ -85,7 +85,8 @@ class BroadcastTransport:
         log.info("weight-sync group %s: %d engines, %s, port %d", self.group_name, len(engines), self.backend, port)
         return engines
 
-    async def _await_with(self, local: asyncio.Future[Any], remote: list[asyncio.Future[Any]], what: str) -> None:
+    async def _await_with(self, local: asyncio.Future[Any], remote: list[asyncio.Future[Any]], what: str,
+                          grace_s: float = 0.0) -> None:
         """Wait for the local collective and the engines' requests; an engine's refusal fails
         fast (the local side is then stuck until the group timeout: the transport is broken)."""
         pending = {local, *remote}
@@ -98,8 +99,8 @@ class BroadcastTransport:
             idx = remote.index(fut) if fut in remote else -1
             who = "this process" if idx < 0 else engine_name(self._engines_or(idx), idx)
             msg = f"{what} failed on {who}: {fut.exception()}"
-            if idx >= 0 and not local.done():  # an engine drains a bucket before refusing it: give it a moment
-                await asyncio.wait({local}, timeout=self.refusal_grace_s)
+            if idx >= 0 and not local.done() and grace_s:  # an engine drains a bucket before refusing it
+                await asyncio.wait({local}, timeout=grace_s)
             if idx < 0 or not local.done() or local.exception() is not None:
                 self._broken = msg
                 msg += "; the weight-sync group is unusable, restart the run"
@@ -153,7 +154,8 @@ class BroadcastTransport:
             load_format="miles_flat" if self.flatten else None, commit=last if self.flatten else None,
             push_id=push_id if self.flatten else None))
             for e in engines]
-        await self._await_with(asyncio.ensure_future(asyncio.to_thread(work)), remote, "a weight bucket broadcast")
+        await self._await_with(dist.in_daemon_thread(work), remote, "a weight bucket broadcast",
+                               grace_s=self.refusal_grace_s)
 
     async def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushStats:
         from miles_engine.weights.tensors import conform

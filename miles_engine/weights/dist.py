@@ -9,8 +9,12 @@ device when the master address is a loopback address), NCCL on GPU.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime
 import ipaddress
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -75,3 +79,27 @@ def broadcast(group: Any, tensor: torch.Tensor, src: int = 0) -> None:
     group.broadcast(tensor, src).wait()
     if tensor.is_cuda:
         torch.cuda.current_stream().synchronize()
+
+
+def in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+    """Run a blocking rendezvous / collective in a daemon thread. Unlike ``asyncio.to_thread``,
+    a collective stuck until its timeout (a peer refused or died) never holds up the
+    interpreter's exit or ``asyncio.run``'s shutdown."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[Any] = loop.create_future()
+
+    def settle(value: Any, exc: BaseException | None) -> None:
+        if not fut.done():
+            fut.set_exception(exc) if exc is not None else fut.set_result(value)
+
+    def target() -> None:
+        try:
+            value, exc = fn(*args, **kwargs), None
+        except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine
+            value, exc = None, e
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            loop.call_soon_threadsafe(settle, value, exc)
+
+    threading.Thread(target=target, name="miles-weight-sync", daemon=True).start()
+    fut.add_done_callback(lambda f: f.cancelled() or f.exception())  # an abandoned failure is not "unretrieved"
+    return fut

@@ -35,7 +35,9 @@ class PushStats:
     missing: int = 0  # engine tensors this push did not carry (tied weights are fine)
 
     def metrics(self, prefix: str = "weights") -> dict[str, float]:
-        return {f"{prefix}/{k}": float(v) for k, v in asdict(self).items()}
+        """``weights/version``, ``weights/bytes_pushed``, ``weights/pause_s``, ``weights/push_s``, ..."""
+        names = {"bytes": "bytes_pushed"}
+        return {f"{prefix}/{names.get(k, k)}": float(v) for k, v in asdict(self).items()}
 
 
 @runtime_checkable

@@ -73,7 +73,7 @@ class DistributedReceiver:
             backend = dist.resolve_backend(backend)
         except ValueError as exc:
             raise ReceiveError(str(exc)) from None
-        handle = await asyncio.to_thread(dist.new_group, backend, master_address=address, master_port=port,
+        handle = await dist.in_daemon_thread(dist.new_group, backend, master_address=address, master_port=port,
                                          rank=rank, world_size=world, group_name=name, timeout_s=self.timeout_s)
         self.groups[name] = _Group(name, backend, rank, world, handle)
         log.info("joined weight update group %s as rank %d of %d (%s)", name, rank, world, backend)
@@ -104,7 +104,7 @@ class DistributedReceiver:
 
     async def update(self, body: dict[str, Any]) -> tuple[str, int | None]:
         """Receive one bucket; stage it or load everything staged. Returns (message, new version)."""
-        from miles_engine.weights import tensors
+        from miles_engine.weights import dist, tensors
 
         names = _field(body, "names", list)
         dtype_names = _field(body, "dtypes", list)
@@ -127,7 +127,7 @@ class DistributedReceiver:
         raw_version = body.get("weight_version")
         commit = bool(body.get("miles_commit", True))
         async with self._lock:
-            received = await asyncio.to_thread(self._receive, group, dtypes, shapes, load_format == FLAT)
+            received = await dist.in_daemon_thread(self._receive, group, dtypes, shapes, load_format == FLAT)
             key = (group.name, None if raw_version is None else str(raw_version), body.get("miles_push_id"))
             if self._staged_for not in (None, key):
                 log.warning("discarding %d staged tensors of an unfinished push %s", len(self._staged),

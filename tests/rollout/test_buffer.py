@@ -147,3 +147,28 @@ def test_stale_groups_dropped_at_get_or_kept_and_counted():
     assert m["buffer/acceptance/len_3+"] == 0.0 and m["buffer/acceptance/len_0-3"] == 1.0  # the bias is visible
     ids, buf = run(main("keep"))
     assert ids == ["long", "short"] and not buf.dropped and buf.metrics()["buffer/stale_kept"] == 1
+
+
+def test_get_waits_for_running_groups_that_would_go_stale_even_into_a_full_buffer():
+    async def main():
+        buf = AsyncBuffer(BufferOptions(capacity_groups=1, max_staleness=1))
+        buf.track("slow", 0)  # submitted at version 0, still running
+        buf.track("later", 1)
+        await buf.put(group([traj([1]), traj([1])], gid="fast"))  # the buffer is now full
+        getter = asyncio.create_task(buf.get(1, current_version=1))
+        await asyncio.sleep(0.05)
+        assert not getter.done()  # at version 2 "slow" would be 2 stale: the trainer waits for it
+        assert buf.metrics()["buffer/running_groups"] == 2
+        await asyncio.wait_for(buf.put(group([traj([0]), traj([1])], gid="slow")), 1.0)  # enters a full buffer
+        got = await asyncio.wait_for(getter, 1.0)
+        assert [g.group_id for g in got] == ["slow"] and got[0].info["staleness"].s_old == 1
+        assert buf.metrics()["buffer/straggler_wait_s"] > 0
+        # a cancelled running group is forgotten: nobody waits for it
+        buf.track("doomed", 1)
+        getter = asyncio.create_task(buf.get(1, current_version=2))
+        await asyncio.sleep(0.05)
+        assert not getter.done()
+        buf.untrack("doomed")
+        buf.untrack("later")
+        assert [g.group_id for g in await asyncio.wait_for(getter, 1.0)] == ["fast"]
+    run(main())

@@ -57,7 +57,8 @@ def test_credit_refill_keeps_inflight_near_budget_with_tenfold_length_spread():
     assert len(seen) >= 20
     for g in seen:  # whole groups only
         assert len(g.trajectories) == n and [t.index for t in g.trajectories] == list(range(n))
-        assert {t.group_id for t in g.trajectories} == {g.group_id} and {t.task_id for t in g.trajectories} == {g.task_id}
+        assert {t.group_id for t in g.trajectories} == {g.group_id}
+        assert {t.task_id for t in g.trajectories} == {g.task_id}
 
 
 def test_timeouts_and_exceptions_become_failed_trajectories_and_close_sandboxes():
@@ -199,7 +200,8 @@ def test_task_stream_failure_surfaces_through_the_buffer():
 
 def test_budget_smaller_than_a_group_is_a_config_error():
     with pytest.raises(ConfigError, match="max_inflight"):
-        Scheduler(_tasks(), None, AsyncBuffer(), SchedulerOptions(group_size=8, max_inflight=4))  # type: ignore[arg-type]
+        Scheduler(_tasks(), None, AsyncBuffer(),  # type: ignore[arg-type]
+                  SchedulerOptions(group_size=8, max_inflight=4))
 
 
 class _Source:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,19 +71,18 @@ def test_broadcast_push_verified_tensor_by_tensor(server):
             await verify_versions([engine], 3)
 
         # 4. bad input: refused before sending (trainer side) or after draining (engine side)
-        bad = {**dict(trainer.named_parameters()), "model.norm.weight": torch.zeros(7)}  # the last tensor
+        bad = {**dict(trainer.named_parameters()), "model.norm.weight": torch.zeros(7)}  # late in the stream
         with pytest.raises(WeightPushError, match="shape.*mix of old and new weights under their old version"):
             await transport.push(bad.items(), version=3)  # SGLang layout: earlier buckets were loaded
         assert await engine.fetch_weight_version() == 2
-        transport.flatten = True  # our layout stages: a failed push changes nothing
+        transport.flatten = True  # our layout stages buckets: a failed push changes nothing
+        with pytest.raises(WeightPushError, match="unknown tensor 'model.nrom.weight'"):
+            await transport._send([engine], [("model.nrom.weight", torch.zeros(32))], 3, last=True)
         before = await engine.weight_checksums()
         with pytest.raises(WeightPushError, match="shape") as err:
             await transport.push({n: p * 3 for n, p in bad.items()}.items(), version=3)
         assert "mix" not in str(err.value) and await engine.weight_checksums() == before
-        with pytest.raises(WeightPushError, match="unknown tensor 'model.nrom.weight'"):
-            await transport._send([engine], [("model.nrom.weight", torch.zeros(32))], 3, last=True)
-        assert differing(await engine.weight_checksums(), wanted) == []
-        assert await engine.fetch_weight_version() == 2
+        assert differing(before, wanted) == [] and await engine.fetch_weight_version() == 2
         info = await engine._call("GET", "/get_server_info")
         assert info.json()["internal_states"][0]["paused"] is False  # resumed after the refusals
 
@@ -115,5 +115,18 @@ def test_broadcast_needs_http_engines_and_a_known_backend(server):
         resp = await engine._call("POST", "/init_weights_update_group", json={
             "master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2, "backend": "nccl"})
         assert resp.status_code == 400 and "nccl" in resp.json()["message"]
+        # an engine refusing to join fails the push at once (not after the group timeout)
+        first = create_transport("broadcast", engine, backend="gloo", timeout_s=20, group_name="dup")
+        await first.push([("model.norm.weight", torch.ones(32))], version=1)
+        second = create_transport("broadcast", engine, backend="gloo", timeout_s=20, group_name="dup")
+        t0 = time.monotonic()
+        with pytest.raises(WeightPushError, match="already exists.*unusable"):
+            await second.push([("model.norm.weight", torch.ones(32))], version=2)
+        assert time.monotonic() - t0 < 5
+        with pytest.raises(WeightPushError, match="unusable"):
+            await second.push([("model.norm.weight", torch.ones(32))], version=2)
+        await first.close()
         await engine.aclose()
+    t0 = time.monotonic()
     run(main(), 50)
+    assert time.monotonic() - t0 < 15  # the stuck rendezvous thread does not hold up the loop's shutdown

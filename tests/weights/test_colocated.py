@@ -35,6 +35,8 @@ def test_colocated_push_lands_tensor_by_tensor():
         assert stats.tensors == len(wanted) and stats.missing == 0 and stats.engines == 1
         assert stats.bytes == sum(p.numel() * 4 for p in trainer.parameters())
         assert stats.pause_s > 0 and stats.push_s >= stats.pause_s
+        m = stats.metrics()
+        assert m["weights/version"] == 1 and m["weights/bytes_pushed"] == stats.bytes and "weights/push_s" in m
         # the engine samples from the pushed weights, labelled with the pushed version
         res = await engine.generate(GenerateRequest([1, 2, 3], SamplingParams(temperature=0, max_new_tokens=4)))
         assert res.weight_versions == [1] * len(res.output_ids)

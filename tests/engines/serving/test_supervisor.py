@@ -60,14 +60,17 @@ def test_sigkill_mid_generation_restarts_with_same_weights_and_retries_requests(
                     for i in range(6)]
             tasks = [asyncio.create_task(sup.generate(r)) for r in reqs]
             await asyncio.sleep(0.4)
-            assert not any(t.done() for t in tasks)
+            # a random-init model may sample EOS early: only requests still running at the kill
+            # must have been retried; at least one must be running for the test to mean anything
+            running = [not t.done() for t in tasks]
+            assert any(running)
             old = sup.process.pid
             os.killpg(old, signal.SIGKILL)
             results = await asyncio.wait_for(asyncio.gather(*tasks), 90)
             pgids.append(sup.process.pid)
             assert sup.restarts == 1 and sup.process.pid != old and group_gone(old)
-            for r, res in zip(reqs, results):
-                assert res.request_id == r.request_id and res.info["retries"] >= 1
+            for r, res, was_running in zip(reqs, results, running):
+                assert res.request_id == r.request_id and (res.info.get("retries", 0) >= 1 or not was_running)
                 assert res.finish_reason in ("length", "stop") and len(res.output_ids) == len(res.output_logprobs)
                 assert set(res.weight_versions) == {3}  # the restarted engine serves the pushed weights' version
             assert sup.weight_version == 3 and sup.client is not None and sup.client.weight_version == 3
