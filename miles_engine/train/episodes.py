@@ -7,6 +7,8 @@ engine's per-token log-probs and weight versions), scored by the task's own veri
 
 from __future__ import annotations
 
+import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +16,9 @@ from miles_engine.agents.protocol import Agent
 from miles_engine.rollout.episode import EpisodeResult, run_episode
 from miles_engine.rollout.types import Trajectory
 from miles_engine.sandbox.protocol import SandboxBackend
+
+
+log = logging.getLogger(__name__)
 
 
 def _empty(task_id: str, error: str, status: str = "failed") -> Trajectory:
@@ -61,6 +66,9 @@ def to_trajectory(task: Any, result: EpisodeResult) -> Trajectory:
     mismatch = row.get("tito_session_mismatch") or {}
     if isinstance(mismatch, dict) and "bug" in mismatch:
         traj.metrics["tito_mismatch_bug"] = float(bool(mismatch["bug"]))
+        if mismatch["bug"]:
+            log.warning("TITO row of task %s differs from the canonical render outside assistant text: %s",
+                        task.id, json.dumps(mismatch.get("details"))[:2000])
     return traj
 
 

@@ -1,0 +1,50 @@
+"""End to end at toy scale: the packaged tiny-terminal recipe, shortened, must learn.
+
+Real pieces only: a BPE trained at start-up, SFT on noisy demonstrations, the embedded engine,
+the TITO session server over HTTP, local sandbox subprocesses, a trainer in its own process,
+weight pushes every step. Asserts the reward margin, not exact values.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from miles_engine.cli.main import cli
+
+SHORT = [
+    "environment.options.kinds=[echo]",
+    "sft.demos=4000", "sft.epochs=4", "trainer.sft.lr_schedule.total_steps=500",
+    "rollout.groups_per_step=4", "rollout.max_inflight=32",
+    "run.steps=20", "run.max_minutes=5",
+    "metrics.progress=false",
+]
+
+
+def moving_average(values: list[float], k: int = 3) -> list[float]:
+    return [statistics.fmean(values[i:i + k]) for i in range(len(values) - k + 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(420)
+def test_tiny_terminal_recipe_learns(tmp_path: Path) -> None:
+    result = CliRunner().invoke(cli, ["train", "tiny-terminal", *SHORT, f"run.out_dir={tmp_path}", "run.name=e2e"],
+                                catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    run = tmp_path / "e2e"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    sft = [r for r in rows if r["kind"] == "sft"]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert sft and sft[-1]["sft/loss"] < sft[0]["sft/loss"]
+    rewards = [r["reward/mean"] for r in train]
+    assert len(rewards) >= 6, rewards
+    ma = moving_average(rewards)
+    assert max(ma) - ma[0] >= 0.3, f"3-step moving average did not rise by 0.3: {ma}"
+    assert all(r["rollout/failed"] == 0 for r in train)
+    assert all(r.get("tito/mismatch_bug_rate", 0.0) == 0.0 for r in train)
+    assert max(r["weights/version"] for r in train) > train[0]["weights/version"]  # pushed every step
+    assert (run / "checkpoints").is_dir() and any((run / "checkpoints").iterdir())
