@@ -39,7 +39,7 @@ verb=${1:-help}; shift || true
 case "$verb" in
   main)
     install "[engine,server,report]"
-    exec "$VENV/bin/miles" env validate terminal-tasks --jobs 4 "$@"
+    exec "$VENV/bin/miles" train tiny-terminal "$@"
     ;;
   test)
     install "[engine,server,report,dev]"

@@ -30,6 +30,8 @@ def train(recipe: str | None, overrides: tuple[str, ...], resume_dir: Path | Non
     from miles_engine.train.stack import TrainingStack
 
     if resume_dir is not None:
+        if recipe is not None and "=" in recipe:  # with --resume every argument is an override
+            overrides = (recipe, *overrides)
         recipe = str(resume_dir / "config.yaml")
     if recipe is None:
         raise click.UsageError("give a RECIPE (or --resume RUN_DIR)")

@@ -68,7 +68,7 @@ def to_trajectory(task: Any, result: EpisodeResult) -> Trajectory:
         traj.metrics["tito_mismatch_bug"] = float(bool(mismatch["bug"]))
         if mismatch["bug"]:
             log.warning("TITO row of task %s differs from the canonical render outside assistant text: %s",
-                        task.id, json.dumps(mismatch.get("details"))[:2000])
+                        task.id, json.dumps({"details": mismatch.get("details"), "first": mismatch.get("first_difference")})[:3000])
     return traj
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,10 @@ def train_bpe(texts: Sequence[str], *, vocab_size: int, added: Sequence[tuple[st
         show_progress=False,
         max_token_length=64,
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    # The trainer does not split its corpus at added tokens: without this, merges swallow
+    # "<|im_end|>\n<|im_start|>" as plain bytes and the policy can sample fake special tokens.
+    split = re.compile("|".join(re.escape(t) for t, _ in sorted(added, key=lambda a: -len(a[0]))))
+    tok.train_from_iterator((seg for text in texts for seg in split.split(text) if seg), trainer=trainer)
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t, special in added if not special])
     return tok
 
@@ -66,7 +70,7 @@ def policy_tokenizer(family_name: str, texts: Sequence[str], cfg: TokenizerConfi
         return load_tokenizer(cfg.path)
     added = BPE_ADDED_TOKENS.get(family_name, BPE_ADDED_TOKENS["chatml"])
     digest = hashlib.sha256()
-    digest.update(f"{family_name}|{cfg.vocab_size}|{added}".encode())
+    digest.update(f"v2|{family_name}|{cfg.vocab_size}|{added}".encode())
     for text in texts:
         digest.update(text.encode())
     cached = cache_dir() / f"{family_name}-{cfg.vocab_size}-{digest.hexdigest()[:16]}.json"

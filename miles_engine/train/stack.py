@@ -67,6 +67,7 @@ class TrainingStack:
         self.backend = hub.create("sandbox", cfg.sandbox.backend, cfg.sandbox.options, where="sandbox.options")
         self._closers.append(self.backend.aclose)
         self.tasks = TaskStream(self.source, seed=cfg.rollout.task_seed)
+        self._preflight_sandbox()
         self.codec = self._build_codec()
         self.model = self._build_model()
         self.trainer = await asyncio.to_thread(self._build_trainer)
@@ -89,6 +90,15 @@ class TrainingStack:
         if self.resume:
             self.step = await asyncio.to_thread(checkpoint.restore, self.run_dir, self.trainer)
         return self
+
+    def _preflight_sandbox(self) -> None:
+        """Refuse a backend that cannot isolate the tasks as asked, before anything trains."""
+        from miles_engine.sandbox.protocol import check_supported
+
+        task = self.source.load_task(self.tasks.refs[0].id)
+        spec = task.sandbox_spec()
+        if spec is not None:
+            check_supported(spec, self.backend.capabilities(), backend=self.cfg.sandbox.backend, task=task.id)
 
     def _build_codec(self) -> Any:
         from miles_engine.tito import make_codec

@@ -1,0 +1,205 @@
+"""Shared pieces of the RL benchmarks (``rl_vs_trl.py``, ``async_vs_sync.py``); not a test.
+
+- :func:`build_checkpoint`: one SFT warm start through the stack's own builders (environment,
+  policy tokenizer, tiny Qwen3, ``run_sft`` on a ``TorchTrainer``), saved as a Hugging Face model
+  directory plus the tokenizer file, so every RL run (ours and TRL's) starts from the same weights
+  and the same vocabulary (``model.path=`` / ``tokenizer.path=`` in our recipe).
+- :func:`run_miles`: ``miles train RECIPE key=value ...`` in a fresh process (1 torch thread),
+  returning its ``metrics.jsonl`` rows, wall time and CPU time (process tree).
+- moving averages, thresholds and small table helpers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PYTHON = sys.executable
+MILES = str(Path(PYTHON).with_name("miles"))
+
+ONE_THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+                  "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1"}
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(ONE_THREAD_ENV)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.update(extra or {})
+    return env
+
+
+# ---------------------------------------------------------------------------------- SFT checkpoint
+def build_checkpoint(out: Path, overrides: Sequence[str]) -> dict[str, Any]:
+    """SFT once with the recipe ``tiny-terminal`` + ``overrides``; save model + tokenizer under ``out``.
+
+    Uses the stack's own builders (``TrainingStack._build_codec`` / ``_build_model``) and
+    ``run_sft`` on an in-process ``TorchTrainer`` (no engine, server or sandbox needed)."""
+    import asyncio
+    import types
+
+    import torch
+
+    from miles_engine.config.recipe import load_recipe
+    from miles_engine.metrics import MetricsConfig, MetricsLogger
+    from miles_engine.train.sft import run_sft
+    from miles_engine.train.stack import TrainingStack
+    from miles_engine.trainer.torch_trainer import TorchTrainer
+
+    torch.set_num_threads(1)
+    t0 = time.perf_counter()
+    cfg = load_recipe("tiny-terminal", list(overrides))
+    stack = TrainingStack(cfg, out / "sft-run")
+    stack.source = stack.hub.create("environment", cfg.environment.name, cfg.environment.options,
+                                    where="environment.options")
+    stack.codec = stack._build_codec()
+    stack.model = stack._build_model()
+    trainer = TorchTrainer(stack.model, cfg.trainer)
+    t_built = time.perf_counter()
+    (out / "sft-run").mkdir(parents=True, exist_ok=True)
+    metrics = MetricsLogger(out / "sft-run", MetricsConfig(progress=False, tensorboard=False), total_steps=1)
+    shim = types.SimpleNamespace(cfg=cfg, source=stack.source, codec=stack.codec, trainer=trainer, metrics=metrics)
+    asyncio.run(run_sft(shim))  # type: ignore[arg-type]
+    metrics.close()
+    t_sft = time.perf_counter()
+    ckpt = out / "checkpoint"
+    trainer.policy.save_pretrained(ckpt, safe_serialization=True)
+    tok_src = Path(stack.codec.tokenizer.name)
+    if not tok_src.is_file():
+        stack.codec.tokenizer.backend.save(str(ckpt / "tokenizer.json"))
+    else:
+        shutil.copyfile(tok_src, ckpt / "tokenizer.json")
+    rows = [json.loads(line) for line in (out / "sft-run" / "metrics.jsonl").read_text().splitlines()]
+    sft = [r for r in rows if r["kind"] == "sft"]
+    info = {"dir": str(ckpt), "tokenizer": str(ckpt / "tokenizer.json"), "build_s": t_built - t0,
+            "sft_s": t_sft - t_built, "sft_steps": len(sft), "params": sum(p.numel() for p in trainer.policy.parameters()),
+            "vocab": stack.codec.tokenizer.vocab_size,
+            "loss_first": sft[0].get("sft/loss") if sft else None, "loss_last": sft[-1].get("sft/loss") if sft else None}
+    trainer.close()
+    (out / "checkpoint.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def checkpoint_in_subprocess(out: Path, overrides: Sequence[str], timeout: float) -> dict[str, Any]:
+    """:func:`build_checkpoint` in a fresh process (1 thread), so the bench driver stays light."""
+    code = ("import json,sys; from pathlib import Path; sys.path.insert(0, %r); "
+            "from bench.rl_common import build_checkpoint; "
+            "build_checkpoint(Path(sys.argv[1]), json.loads(sys.argv[2]))" % str(ROOT))
+    out.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([PYTHON, "-c", code, str(out), json.dumps(list(overrides))], env=child_env(),
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"SFT checkpoint failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return json.loads((out / "checkpoint.json").read_text())
+
+
+# ---------------------------------------------------------------------------------- subprocess runs
+def run_process(argv: Sequence[str], *, log: Path, timeout: float, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``argv``; stdout+stderr to ``log``. Returns rc, wall and CPU seconds of the process tree
+    (every descendant that was waited for: trainer ranks, sandbox shells, ...)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    with open(log, "w") as fh:
+        try:
+            rc = subprocess.run(list(argv), stdout=fh, stderr=subprocess.STDOUT, env=env or child_env(), cwd=ROOT,
+                                timeout=timeout).returncode
+        except subprocess.TimeoutExpired:
+            rc = 124
+    wall = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"rc": rc, "wall_s": wall, "cpu_s": cpu, "log": str(log)}
+
+
+def run_miles(overrides: Sequence[str], *, out_dir: Path, name: str, timeout: float,
+              recipe: str = "tiny-terminal") -> dict[str, Any]:
+    """``miles train RECIPE overrides... run.out_dir=OUT run.name=NAME``; adds the metrics rows."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    argv = [MILES, "train", recipe, *overrides, f"run.out_dir={out_dir}", f"run.name={name}",
+            "metrics.progress=false", "metrics.tensorboard=false"]
+    res = run_process(argv, log=out_dir / f"{name}.log", timeout=timeout)
+    path = out_dir / name / "metrics.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    res.update(rows=rows, train=[r for r in rows if r["kind"] == "train"], argv=argv)
+    if res["rc"] != 0:
+        tail = Path(res["log"]).read_text()[-4000:]
+        res["error"] = f"miles train exited {res['rc']}; log tail:\n{tail}"
+    return res
+
+
+# ---------------------------------------------------------------------------------- statistics
+def moving_average(values: Sequence[float], k: int = 3) -> list[float]:
+    return [statistics.fmean(values[i:i + k]) for i in range(len(values) - k + 1)]
+
+
+def thresholds(rewards: Sequence[float], times: Sequence[float], *, rise: float = 0.3,
+               level: float = 0.8, k: int = 3) -> dict[str, Any]:
+    """3-step moving average: start (mean of steps 1..3), the first step (1-based, the window's last
+    step) and its elapsed seconds where the average is >= start + rise, and where it is >= level."""
+    ma = moving_average(rewards, k)
+    out: dict[str, Any] = {"start": ma[0] if ma else None, "max_ma": max(ma) if ma else None,
+                           "end_ma": ma[-1] if ma else None, "rise_step": None, "rise_s": None,
+                           "level_step": None, "level_s": None}
+    if not ma:
+        return out
+    for i, v in enumerate(ma):
+        step = i + k  # 1-based step that closes the window
+        if out["rise_step"] is None and v >= ma[0] + rise - 1e-12:
+            out["rise_step"], out["rise_s"] = step, times[step - 1]
+        if out["level_step"] is None and v >= level - 1e-12:
+            out["level_step"], out["level_s"] = step, times[step - 1]
+    return out
+
+
+def med(values: Sequence[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def med_range(values: Sequence[float | None], fmt: str = "{:.2f}") -> str:
+    vals = [v for v in values if v is not None]
+    missing = len(values) - len(vals)
+    if not vals:
+        return "–"
+    text = fmt.format(statistics.median(vals))
+    if len(vals) > 1:
+        text += f" [{fmt.format(min(vals))}–{fmt.format(max(vals))}]"
+    if missing:
+        text += f" ({missing} n/a)"
+    return text
+
+
+def cell(v: Any, fmt: str = "{:.2f}") -> str:
+    if v is None:
+        return "–"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, int) and not isinstance(v, bool):
+        return str(v)
+    return fmt.format(v)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table (pasteable into the closing note)."""
+    text = [[str(h) for h in headers]] + [[cell(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in text) for i in range(len(headers))]
+    line = lambda r: "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
+    sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+    return "\n".join([line(text[0]), sep, *(line(r) for r in text[1:])])
+
+
+def load_info() -> str:
+    try:
+        return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "load average n/a"

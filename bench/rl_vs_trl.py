@@ -1,0 +1,400 @@
+"""RL samples/s of our stack vs TRL's GRPOTrainer on the same toy task (prints tables; not a test).
+
+    .venv/bin/python bench/rl_vs_trl.py            # full: SFT 500 steps, 3 seeds x 30 RL steps each side
+    .venv/bin/python bench/rl_vs_trl.py --quick    # smoke: tiny SFT, 1 seed x 4 steps (< 3 min)
+    .venv/bin/python bench/rl_vs_trl.py --seeds 0 1 2 3 --steps 40 --checkpoint DIR
+
+Matched settings (figure 1 of issue 5):
+
+- **Model and tokenizer**: the ``tiny-terminal`` recipe's Qwen3 (hidden 128, 2 layers, tied
+  embeddings) and its byte-level BPE, built by the stack's own builders; **one** SFT warm start
+  (``run_sft`` on noisy echo demonstrations) saved as a HF model dir + ``tokenizer.json``; both
+  systems start every RL run from that checkpoint.
+- **Task**: the single-turn ``echo`` drill of ``shell-drills`` ("Print the word W using the bash
+  tool."); reward 1 when the model's first ``bash`` call prints W. Ours: the recipe's real path
+  (embedded engine, TITO session server over HTTP, ``tito`` agent with ``max_turns=1``, local
+  sandbox, the task's verifier). TRL: the same chat-rendered prompt (token ids checked equal to
+  our codec's), a reward function that parses the completion's Hermes ``<tool_call>{json}</tool_call>``
+  with the server's own parser and runs the command with ``bash -c`` in a fresh temp dir (10 s
+  timeout; 8 threads, the fastest plain-Python way measured in the feasibility study).
+- **GRPO**: 8 prompts x 8 samples = 64 per step, max 40 new tokens, T=1, top-p 1, top-k off,
+  AdamW lr 1e-3 constant, clip 0.2, no KL, token-mean loss (TRL ``dapo``), group-std advantage
+  scaling, grad clip 1.0, one update per batch; **1 torch thread per process**.
+- Ours runs the recipe as shipped otherwise (``fully_async``, trainer in its own process,
+  max staleness 2, TIS); TRL runs ``use_cpu``, no vLLM, fp32.
+
+Runs are interleaved (ours, TRL, ours, TRL, ...), each in a fresh process. Per run: samples/s
+(steady state: steps 3..N over their wall time; and over all steps), the step-time split, and
+steps / seconds (since the RL loop started) until the 3-step moving average of the reward has
+risen by 0.3 from its start (mean of steps 1-3) and until it reaches 0.8. Then medians, ranges
+and the ratio ours/TRL. Results also go to OUT/results.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.rl_common import (  # noqa: E402
+    PYTHON,
+    checkpoint_in_subprocess,
+    child_env,
+    load_info,
+    med,
+    med_range,
+    run_miles,
+    run_process,
+    table,
+    thresholds,
+)
+
+ECHO = ["environment.options.kinds=[echo]"]
+GROUP, PROMPTS, MAX_TOKENS, LR = 8, 8, 40, 1e-3
+
+
+def sft_overrides(quick: bool) -> list[str]:
+    if quick:
+        return [*ECHO, "sft.demos=1000", "sft.epochs=1", "trainer.sft.lr_schedule.total_steps=32",
+                "trainer.sft.lr_schedule.warmup_steps=5"]
+    # as the recipe's end-to-end test: 4000 fresh demos x 4 epochs / batch 32 = 500 steps
+    return [*ECHO, "sft.demos=4000", "sft.epochs=4", "trainer.sft.lr_schedule.total_steps=500"]
+
+
+def ours_overrides(ckpt: Path, seed: int, steps: int, max_minutes: float) -> list[str]:
+    return [*ECHO, "agent.options.max_turns=1", "sft.enabled=false", f"model.path={ckpt}",
+            f"tokenizer.path={ckpt / 'tokenizer.json'}", f"rollout.group_size={GROUP}",
+            f"rollout.groups_per_step={PROMPTS}", f"agent.options.max_tokens={MAX_TOKENS}",
+            f"trainer.optimizer.lr={LR}", "trainer.num_threads=1", "engine.threads=1",
+            f"seed={seed}", f"rollout.task_seed={seed}", f"run.steps={steps}", f"run.max_minutes={max_minutes}"]
+
+
+# ====================================================================================== TRL worker
+def trl_worker(args: argparse.Namespace) -> None:
+    """One TRL GRPOTrainer run in this process; writes a JSON summary to ``args.out``."""
+    t_proc = time.perf_counter()
+    import subprocess
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    torch.set_num_threads(1)
+    import trl.extras.profiling as profiling
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from miles_engine.config.recipe import load_recipe
+    from miles_engine.hub import Hub
+    from miles_engine.tito import make_codec
+    from miles_engine.tito.messages import normalize_messages, normalize_tools
+    from miles_engine.tito.parsers import parse_hermes_tool_calls
+    from miles_engine.tito.tokenizer import load_tokenizer
+
+    ckpt = Path(args.ckpt)
+    cfg = load_recipe("tiny-terminal", ECHO)
+    hub = Hub()
+    source = hub.create("environment", cfg.environment.name, cfg.environment.options)
+    codec = make_codec(cfg.chat_family.name, load_tokenizer(str(ckpt / "tokenizer.json")),
+                       options=cfg.chat_family.options, hub=hub)
+    tok = PreTrainedTokenizerFast(tokenizer_file=str(ckpt / "tokenizer.json"), eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>")
+    stop_texts = list(codec.family.stop_tokens)
+
+    rows = []
+    for i in range(args.num_prompts):
+        task = source.load_task(source.task_id(i))
+        tools = normalize_tools([t.openai_schema() for t in task.tools()])
+        prompt = normalize_messages(task.prompt())
+        text = codec.render(prompt, tools, add_generation_prompt=True)
+        if i < 16:  # the prompt TRL feeds is token for token the prompt our server feeds
+            ours = codec.encode_conversation(prompt, tools, add_generation_prompt=True)
+            if tok(text=[text])["input_ids"][0] != ours:
+                raise SystemExit(f"prompt ids differ between TRL's tokenizer and our codec for {task.id}")
+        rows.append({"prompt": text, "word": task.instance.params["word"]})
+    dataset = Dataset.from_list(rows)
+
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt), dtype=torch.float32)
+    model.generation_config.eos_token_id = list(codec.stop_ids)  # <|im_end|>, <|endoftext|> as our engine
+    model.generation_config.pad_token_id = tok.pad_token_id
+
+    timers: dict[str, float] = {}
+    orig_log = profiling.ProfilingContext._log_metrics
+
+    def record(self: Any, duration: float) -> None:
+        timers[self.name] = timers.get(self.name, 0.0) + duration
+        return orig_log(self, duration)
+
+    profiling.ProfilingContext._log_metrics = record  # type: ignore[method-assign]
+
+    pool = ThreadPoolExecutor(8)
+    reward_time = [0.0]
+    tool_use: list[float] = []
+
+    def first_bash(ids: list[int]) -> str | None:
+        text = codec.tokenizer.decode(ids)
+        for stop in stop_texts:
+            cut = text.find(stop)
+            if cut >= 0:
+                text = text[:cut]
+        found = parse_hermes_tool_calls(text)
+        if found is None:
+            return None
+        for call in found[1]:
+            if call.name == "bash":
+                command = call.arguments.get("command")
+                return command if isinstance(command, str) and command.strip() else ""
+        return None
+
+    def run_bash(command: str | None) -> str | None:
+        if not command:
+            return None
+        with tempfile.TemporaryDirectory(prefix="trl-echo-") as tmp:
+            try:
+                return subprocess.run(["bash", "-c", command], cwd=tmp, capture_output=True, text=True,
+                                      timeout=10, stdin=subprocess.DEVNULL).stdout
+            except (subprocess.TimeoutExpired, OSError, UnicodeDecodeError):
+                return None
+
+    def echo_reward(prompts: list[str], completions: list[str], completion_ids: list[list[int]],
+                    word: list[str], **_: Any) -> list[float]:
+        t0 = time.perf_counter()
+        commands = [first_bash(ids) for ids in completion_ids]
+        tool_use.append(sum(c is not None for c in commands) / max(len(commands), 1))
+        outs = list(pool.map(run_bash, commands))
+        reward_time[0] += time.perf_counter() - t0
+        return [1.0 if o is not None and o.strip() == w else 0.0 for o, w in zip(outs, word)]
+
+    steps: list[dict[str, Any]] = []
+    state: dict[str, Any] = {}
+
+    class Timing(TrainerCallback):  # type: ignore[misc]
+        def on_train_begin(self, a: Any, s: Any, c: Any, **kw: Any) -> None:
+            state["t0"] = state["last"] = time.perf_counter()
+            timers.clear()
+            reward_time[0] = 0.0
+
+        def on_step_end(self, a: Any, s: Any, c: Any, **kw: Any) -> None:
+            now = time.perf_counter()
+            gen = sum(v for k, v in timers.items() if k.endswith("transformers.generate"))
+            rew = reward_time[0]
+            steps.append({"step": s.global_step, "time": now - state["t0"], "wall": now - state["last"],
+                          "generation": gen, "reward": rew, "other": now - state["last"] - gen - rew,
+                          "timers": dict(timers), "tool_use": tool_use[-1] if tool_use else None})
+            state["last"] = now
+            timers.clear()
+            reward_time[0] = 0.0
+            if args.max_seconds and now - state["t0"] > args.max_seconds:
+                c.should_training_stop = True
+
+        def on_log(self, a: Any, s: Any, c: Any, logs: dict[str, Any] | None = None, **kw: Any) -> None:
+            if logs and "reward" in logs:
+                for row in steps[::-1]:
+                    if row["step"] == s.global_step:
+                        row.update(reward_mean=logs["reward"], completion_len=logs.get("completions/mean_length"),
+                                   trl_step_time=logs.get("step_time"))
+                        break
+
+    config = GRPOConfig(
+        output_dir=str(Path(args.out).with_suffix(".trl")), per_device_train_batch_size=GROUP * PROMPTS,
+        gradient_accumulation_steps=1, num_generations=GROUP, max_completion_length=MAX_TOKENS,
+        temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
+        weight_decay=0.0, optim="adamw_torch", max_grad_norm=1.0, beta=0.0, epsilon=0.2, loss_type="dapo",
+        scale_rewards="group", num_iterations=1, max_steps=args.steps, logging_steps=1, report_to="none",
+        save_strategy="no", use_cpu=True, bf16=False, fp16=False, seed=args.seed, data_seed=args.seed,
+        dataloader_num_workers=0, log_completions=False, disable_tqdm=True,
+        gradient_checkpointing=False,  # TRL defaults it on (memory); pointless for a 0.66M model, and slower
+    )
+    trainer = GRPOTrainer(model=model, reward_funcs=[echo_reward], args=config, train_dataset=dataset,
+                          processing_class=tok, callbacks=[Timing()])
+    t_start = time.perf_counter()
+    trainer.train()
+    t_end = time.perf_counter()
+    pool.shutdown()
+    Path(args.out).write_text(json.dumps({"steps": steps, "startup_s": t_start - t_proc,
+                                          "train_s": t_end - t_start, "trl": __import__("trl").__version__}))
+
+
+# ====================================================================================== runs
+def summarize_ours(res: dict[str, Any]) -> dict[str, Any]:
+    rows = res["train"]
+    times = [r["time"] for r in rows]
+    walls = [t - p for t, p in zip(times, [0.0, *times[:-1]])]
+    out = _common([r.get("rollout/num_samples", 0.0) for r in rows], times,
+                  [r.get("reward/mean", 0.0) for r in rows])
+    out.update(system="ours", rc=res["rc"], wall_s=res["wall_s"], cpu_s=res["cpu_s"],
+               step_s=med(walls[2:] or walls),
+               generation=med([r.get("time/generation") for r in rows[2:] or rows]),
+               reward=med([r.get("time/reward") for r in rows[2:] or rows]),
+               train=med([r.get("time/train") for r in rows[2:] or rows]),
+               push=med([r.get("time/push") for r in rows[2:] or rows]),
+               wait=med([r.get("time/wait") for r in rows[2:] or rows]),
+               tool_use=med([r.get("rollout/tool_use_rate") for r in rows]),
+               stale=med([r.get("buffer/taken/s_old_avg") for r in rows]),
+               curve=[round(r.get("reward/mean", 0.0), 3) for r in rows])
+    return out
+
+
+def summarize_trl(res: dict[str, Any], data: dict[str, Any] | None) -> dict[str, Any]:
+    steps = (data or {}).get("steps", [])
+    times = [s["time"] for s in steps]
+    out = _common([float(GROUP * PROMPTS)] * len(steps), times, [s.get("reward_mean", 0.0) for s in steps])
+    tail = steps[2:] or steps
+    out.update(system="TRL", rc=res["rc"], wall_s=res["wall_s"], cpu_s=res["cpu_s"],
+               step_s=med([s["wall"] for s in tail]), generation=med([s["generation"] for s in tail]),
+               reward=med([s["reward"] for s in tail]), train=med([s["other"] for s in tail]), push=None,
+               wait=None, tool_use=med([s.get("tool_use") for s in steps]), stale=0.0,
+               curve=[round(s.get("reward_mean", 0.0), 3) for s in steps])
+    return out
+
+
+def _common(samples: list[float], times: list[float], rewards: list[float]) -> dict[str, Any]:
+    n = len(times)
+    steady = sum(samples[2:]) / (times[-1] - times[1]) if n >= 4 and times[-1] > times[1] else None
+    overall = sum(samples) / times[-1] if n and times[-1] > 0 else None
+    th = thresholds(rewards, times) if n >= 3 else {}
+    return {"steps": n, "samples_per_s": steady, "samples_per_s_all": overall, "rl_s": times[-1] if n else None,
+            **{k: th.get(k) for k in ("start", "end_ma", "max_ma", "rise_step", "rise_s", "level_step", "level_s")}}
+
+
+def run_ours(ckpt: Path, seed: int, steps: int, out: Path, max_minutes: float) -> dict[str, Any]:
+    res = run_miles(ours_overrides(ckpt, seed, steps, max_minutes), out_dir=out, name=f"ours-s{seed}",
+                    timeout=max_minutes * 60 + 180)
+    if res.get("error"):
+        print(res["error"], file=sys.stderr)
+    return summarize_ours(res)
+
+
+def run_trl(ckpt: Path, seed: int, steps: int, out: Path, max_minutes: float) -> dict[str, Any]:
+    js = out / f"trl-s{seed}.json"
+    argv = [PYTHON, str(Path(__file__).resolve()), "--trl-worker", "--ckpt", str(ckpt), "--seed", str(seed),
+            "--steps", str(steps), "--out", str(js), "--max-seconds", str(max_minutes * 60)]
+    res = run_process(argv, log=out / f"trl-s{seed}.log", timeout=max_minutes * 60 + 180, env=child_env())
+    data = json.loads(js.read_text()) if js.is_file() else None
+    if res["rc"] != 0 or data is None:
+        print(f"TRL run failed (rc {res['rc']}); log tail:\n{Path(res['log']).read_text()[-4000:]}", file=sys.stderr)
+    return summarize_trl(res, data)
+
+
+# ====================================================================================== report
+def report(runs: list[dict[str, Any]], ckpt_info: dict[str, Any], args: argparse.Namespace) -> str:
+    lines = [f"## RL samples/s: ours vs TRL GRPOTrainer (echo drill, {GROUP}x{PROMPTS} samples/step, "
+             f"{MAX_TOKENS} max tokens, 1 torch thread/process)", "",
+             f"SFT warm start: {ckpt_info['sft_steps']} steps in {ckpt_info['sft_s']:.0f} s "
+             f"(loss {ckpt_info['loss_first']:.2f} -> {ckpt_info['loss_last']:.2f}); model {ckpt_info['params']:,} "
+             f"params, vocab {ckpt_info['vocab']}; RL steps per run: {args.steps}; seeds {args.seeds}", ""]
+    head = ["run", "seed", "steps", "samples/s", "samples/s (all)", "s/step", "gen", "reward", "train", "push",
+            "wait", "tool use", "start", "+0.3 at step (s)", "0.8 at step (s)", "last MA3", "wall s", "cpu s"]
+    body = []
+    for r in runs:
+        body.append([r["system"], r["seed"], r["steps"], r["samples_per_s"], r["samples_per_s_all"], r["step_s"],
+                     r["generation"], r["reward"], r["train"], r["push"], r["wait"], r["tool_use"], r["start"],
+                     _at(r["rise_step"], r["rise_s"]), _at(r["level_step"], r["level_s"]), r["end_ma"], r["wall_s"],
+                     r["cpu_s"]])
+    lines += [table(head, body), ""]
+    lines.append("gen / reward: ours = mean per-episode generation (agent) and verifier seconds, overlapped "
+                 "across 64 in-flight episodes and with training; TRL = per-step seconds in `generate` and in "
+                 "the reward function. train: ours = trainer step (s); TRL = the rest of the step (log-probs, "
+                 "loss, backward, optimizer). wait: seconds the trainer waited for a full batch. Medians over "
+                 "steps 3..N. samples/s = samples of steps 3..N / their wall time; (all) = all steps / seconds "
+                 "since the RL loop started. wall/cpu s: the whole process tree, start-up included.")
+    lines.append("")
+    ours = [r for r in runs if r["system"] == "ours"]
+    trl = [r for r in runs if r["system"] == "TRL"]
+    head2 = ["metric", "ours median [range]", "TRL median [range]", "ratio ours/TRL"]
+    rows2 = []
+    for key, label, higher in (("samples_per_s", "samples/s (steady)", True),
+                               ("samples_per_s_all", "samples/s (all steps)", True),
+                               ("step_s", "s/step", False), ("start", "start reward (MA3)", True),
+                               ("rise_step", "steps to +0.3", False), ("rise_s", "seconds to +0.3", False),
+                               ("level_step", "steps to 0.8", False), ("level_s", "seconds to 0.8", False),
+                               ("end_ma", "last MA3", True), ("cpu_s", "CPU s per run (whole)", False)):
+        a, b = med([r[key] for r in ours]), med([r[key] for r in trl])
+        ratio = f"{a / b:.2f}x" if a is not None and b else "–"
+        rows2.append([label, med_range([r[key] for r in ours]), med_range([r[key] for r in trl]), ratio])
+    paired = [o["samples_per_s"] / t["samples_per_s"] for o, t in zip(ours, trl)
+              if o["samples_per_s"] and t["samples_per_s"]]
+    rows2.append(["paired samples/s ratio (same seed)", "", "", med_range(paired, "{:.2f}x") if paired else "–"])
+    lines += [table(head2, rows2), ""]
+    lines.append("Reward curves (reward/mean per step):")
+    for r in runs:
+        lines.append(f"- {r['system']} seed {r['seed']}: " + " ".join(f"{v:.2f}" for v in r["curve"]))
+    return "\n".join(lines)
+
+
+def _at(step: int | None, secs: float | None) -> str:
+    return "–" if step is None else f"{step} ({secs:.1f})"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="smoke run: tiny SFT, 1 seed x 4 steps")
+    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 30; quick 4)")
+    p.add_argument("--max-run-minutes", type=float, default=None, help="cap per run (default 3; quick 1.5)")
+    p.add_argument("--checkpoint", type=Path, default=None, help="reuse a checkpoint dir written by a previous run")
+    p.add_argument("--out", type=Path, default=None, help="work dir (default /tmp/miles-bench/rl-vs-trl-<time>)")
+    p.add_argument("--only", choices=["ours", "trl"], default=None, help="run one side only")
+    # internal: the TRL worker process
+    p.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ckpt", help=argparse.SUPPRESS)
+    p.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--max-seconds", type=float, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--num-prompts", type=int, default=4096, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.trl_worker:
+        trl_worker(args)
+        return
+    args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
+    args.steps = args.steps or (4 if args.quick else 30)
+    args.max_run_minutes = args.max_run_minutes or (1.5 if args.quick else 3.0)
+    out = args.out or Path("/tmp/miles-bench") / f"rl-vs-trl-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        import trl  # noqa: F401
+        have_trl = True
+    except ImportError:
+        have_trl = False
+        print("TRL is not installed (pip install 'trl>=0.20' or the 'bench' extra): running our side only")
+    t0 = time.perf_counter()
+    print(f"work dir {out}; {load_info()}", flush=True)
+    if args.checkpoint:
+        ckpt_info = json.loads((args.checkpoint / "checkpoint.json").read_text())
+        ckpt = Path(ckpt_info["dir"])
+    else:
+        print("SFT warm start ...", flush=True)
+        ckpt_info = checkpoint_in_subprocess(out / "sft", sft_overrides(args.quick), timeout=1200)
+        ckpt = Path(ckpt_info["dir"])
+        print(f"  {ckpt_info['sft_steps']} steps in {ckpt_info['sft_s']:.0f} s -> {ckpt} "
+              f"(reuse with --checkpoint {out / 'sft'})", flush=True)
+    runs: list[dict[str, Any]] = []
+    for seed in args.seeds:
+        for system in ("ours", "trl"):
+            if system == "trl" and not have_trl or args.only and args.only != system:
+                continue
+            print(f"{system} seed {seed} ... ({load_info()})", flush=True)
+            fn = run_ours if system == "ours" else run_trl
+            r = fn(ckpt, seed, args.steps, out, args.max_run_minutes)
+            r.update(seed=seed, load=os.getloadavg()[0])
+            runs.append(r)
+            print(f"  {r['steps']} steps, {r['samples_per_s'] or 0:.1f} samples/s steady, "
+                  f"{r['step_s'] or 0:.2f} s/step, wall {r['wall_s']:.0f} s, rewards {r['curve']}", flush=True)
+    text = report(runs, ckpt_info, args)
+    print()
+    print(text)
+    print(f"\ntotal {time.perf_counter() - t0:.0f} s; {load_info()}; results in {out / 'results.json'}")
+    (out / "results.json").write_text(json.dumps({"runs": runs, "checkpoint": ckpt_info, "args": vars(args)},
+                                                 default=str, indent=1))
+    (out / "report.md").write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
