@@ -135,9 +135,10 @@ def summarize(res: dict[str, Any], mode: str, latency_log: Path) -> dict[str, An
         "episode_avg": last.get("scheduler/episode_time_avg"), "episode_max": last.get("scheduler/episode_time_max"),
         "inflight_avg": last.get("scheduler/inflight_avg"),
         "staleness": med([r.get("buffer/taken/s_old_avg") for r in rows]),
-        "dropped": last.get("buffer/dropped_total"), "holds": last.get("scheduler/admission_holds"),
+        "holds": last.get("scheduler/admission_holds"),
         "tool_use": med([r.get("rollout/tool_use_rate") for r in rows]),
         "reward": med([r.get("reward/mean") for r in rows]),
+        "failed": res.get("failed_trajectories"), "dropped_groups": res.get("dropped_groups"),
         "tool_calls": len(delays), "delay_mean": sum(delays) / len(delays) if delays else None,
         "delay_p50": delays[len(delays) // 2] if delays else None,
         "delay_p99": delays[min(len(delays) - 1, int(len(delays) * 0.99))] if delays else None,
@@ -155,15 +156,19 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, ckpt_info: dict
              f"1 torch thread/process); SFT warm start {ckpt_info['sft_steps']} steps, shared; "
              f"{args.steps} RL steps per run (cap {args.max_run_minutes} min); seeds {args.seeds}", ""]
     head = ["mode", "seed", "steps", "steps/s", "samples/s", "idle frac", "s/step", "wait", "train", "push",
-            "episode avg/max s", "staleness", "dropped", "tool use", "reward", "tool calls", "delay mean/p99/max s",
+            "episode avg/max s", "staleness", "failed traj", "dropped groups", "tool use", "reward", "tool calls", "delay mean/p99/max s",
             "wall s"]
     body = [[r["mode"], r["seed"], r["steps"], _f(r["steps_per_s"], 3), r["samples_per_s"], r["idle"], r["step_s"],
              r["wait"], r["train"], r["push"], f"{_f(r['episode_avg'])}/{_f(r['episode_max'])}", r["staleness"],
-             r["dropped"], r["tool_use"], r["reward"], r["tool_calls"],
+             r["failed"], r["dropped_groups"], r["tool_use"], r["reward"], r["tool_calls"],
              f"{_f(r['delay_mean'])}/{_f(r['delay_p99'])}/{_f(r['delay_max'])}", r["wall_s"]] for r in runs]
     lines += [table(head, body), ""]
     lines.append("steps/s, samples/s and idle frac over steps 3..N (idle = sum of time/wait / wall time). "
-                 "wait/train/push: trainer-side seconds per step (medians). staleness: buffer/taken/s_old_avg.")
+                 "wait/train/push: trainer-side seconds per step (medians). staleness: buffer/taken/s_old_avg. "
+                 "failed traj / dropped groups: trajectories the buffer counted as failed and groups it dropped "
+                 "(whole run). tool calls / delays: every injected tool latency of the run.")
+    if args.keepalive_workaround:
+        lines.append("Run with --keepalive-workaround (session server keep-alive raised to 60 s, bench-only).")
     lines.append("")
     a = [r for r in runs if r["mode"] == "fully_async"]
     s = [r for r in runs if r["mode"] == "sync"]
@@ -202,6 +207,8 @@ def main() -> None:
     p.add_argument("--sft-steps", type=int, default=None, help="SFT warm-start steps (default 150; quick 32)")
     p.add_argument("--checkpoint", type=Path, default=None, help="reuse a checkpoint dir from a previous run")
     p.add_argument("--out", type=Path, default=None, help="work dir (default /tmp/miles-bench/async-vs-sync-<time>)")
+    p.add_argument("--keepalive-workaround", action="store_true",
+                   help="raise the session server's HTTP keep-alive to 60 s (bench-only patch; see rl_common.py)")
     args = p.parse_args()
     args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     args.steps = args.steps or (4 if args.quick else 12)
@@ -229,14 +236,14 @@ def main() -> None:
             log.unlink(missing_ok=True)
             print(f"{name} ... ({load_info()})", flush=True)
             res = run_miles(run_overrides(args, ckpt, mode, seed, log), out_dir=out, name=name,
-                            timeout=args.max_run_minutes * 60 + 180)
+                            timeout=args.max_run_minutes * 60 + 180, keepalive_workaround=args.keepalive_workaround)
             if res.get("error"):
                 print(res["error"], file=sys.stderr)
             r = summarize(res, mode, log)
             r.update(seed=seed, load=os.getloadavg()[0])
             runs.append(r)
             print(f"  {r['steps']} steps, {r['steps_per_s'] or 0:.3f} steps/s, idle {r['idle'] or 0:.2f}, "
-                  f"wall {r['wall_s']:.0f} s", flush=True)
+                  f"failed trajectories {r['failed']:.0f}, wall {r['wall_s']:.0f} s", flush=True)
     text = report(runs, args, ckpt_info)
     print()
     print(text)

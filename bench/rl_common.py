@@ -121,16 +121,40 @@ def run_process(argv: Sequence[str], *, log: Path, timeout: float, env: dict[str
     return {"rc": rc, "wall_s": wall, "cpu_s": cpu, "log": str(log)}
 
 
+# Bench-only workaround (see --keepalive-workaround): the session server (uvicorn) closes idle
+# keep-alive connections after its default 5 s while the agents' pooled aiohttp client keeps them
+# for 30 s, so an episode whose tool call takes > 5 s may reuse a connection the server is closing
+# ("ClientOSError: [Errno 104] Connection reset by peer" -> a failed trajectory). This runs
+# `miles train` with the server's keep-alive raised to 60 s; core code is not touched.
+KEEPALIVE_PATCH = (
+    "import sys, uvicorn\n"
+    "_init = uvicorn.Config.__init__\n"
+    "def _patched(self, *a, **kw):\n"
+    "    kw.setdefault('timeout_keep_alive', 60)\n"
+    "    _init(self, *a, **kw)\n"
+    "uvicorn.Config.__init__ = _patched\n"
+    "from miles_engine.cli.main import main\n"
+    "main(sys.argv[1:])\n"
+)
+
+
 def run_miles(overrides: Sequence[str], *, out_dir: Path, name: str, timeout: float,
-              recipe: str = "tiny-terminal") -> dict[str, Any]:
+              recipe: str = "tiny-terminal", keepalive_workaround: bool = False) -> dict[str, Any]:
     """``miles train RECIPE overrides... run.out_dir=OUT run.name=NAME``; adds the metrics rows."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    argv = [MILES, "train", recipe, *overrides, f"run.out_dir={out_dir}", f"run.name={name}",
+    launcher = [PYTHON, "-c", KEEPALIVE_PATCH] if keepalive_workaround else [MILES]
+    argv = [*launcher, "train", recipe, *overrides, f"run.out_dir={out_dir}", f"run.name={name}",
             "metrics.progress=false", "metrics.tensorboard=false"]
     res = run_process(argv, log=out_dir / f"{name}.log", timeout=timeout)
     path = out_dir / name / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
     res.update(rows=rows, train=[r for r in rows if r["kind"] == "train"], argv=argv)
+    train = res["train"]
+    last = train[-1] if train else {}
+    res["failed_trajectories"] = sum(v for k, v in last.items() if k.startswith("buffer/failed_trajectories/"))
+    res["dropped_groups"] = last.get("buffer/dropped_total", 0.0)
+    text = Path(res["log"]).read_text(errors="replace") if Path(res["log"]).is_file() else ""
+    res["tito_mismatch_warnings"] = text.count("differs from the canonical render")
     if res["rc"] != 0:
         tail = Path(res["log"]).read_text()[-4000:]
         res["error"] = f"miles train exited {res['rc']}; log tail:\n{tail}"

@@ -58,6 +58,7 @@ from bench.rl_common import (  # noqa: E402
 
 ECHO = ["environment.options.kinds=[echo]"]
 GROUP, PROMPTS, MAX_TOKENS, LR = 8, 8, 40, 1e-3
+KEEPALIVE = [False]  # --keepalive-workaround (bench-only; see rl_common.KEEPALIVE_PATCH)
 
 
 def sft_overrides(quick: bool) -> list[str]:
@@ -231,6 +232,7 @@ def summarize_ours(res: dict[str, Any]) -> dict[str, Any]:
     out = _common([r.get("rollout/num_samples", 0.0) for r in rows], times,
                   [r.get("reward/mean", 0.0) for r in rows])
     out.update(system="ours", rc=res["rc"], wall_s=res["wall_s"], cpu_s=res["cpu_s"],
+               failed=res.get("failed_trajectories"), mismatch=res.get("tito_mismatch_warnings"),
                step_s=med(walls[2:] or walls),
                generation=med([r.get("time/generation") for r in rows[2:] or rows]),
                reward=med([r.get("time/reward") for r in rows[2:] or rows]),
@@ -248,7 +250,7 @@ def summarize_trl(res: dict[str, Any], data: dict[str, Any] | None) -> dict[str,
     times = [s["time"] for s in steps]
     out = _common([float(GROUP * PROMPTS)] * len(steps), times, [s.get("reward_mean", 0.0) for s in steps])
     tail = steps[2:] or steps
-    out.update(system="TRL", rc=res["rc"], wall_s=res["wall_s"], cpu_s=res["cpu_s"],
+    out.update(system="TRL", rc=res["rc"], wall_s=res["wall_s"], cpu_s=res["cpu_s"], failed=None, mismatch=None,
                step_s=med([s["wall"] for s in tail]), generation=med([s["generation"] for s in tail]),
                reward=med([s["reward"] for s in tail]), train=med([s["other"] for s in tail]), push=None,
                wait=None, tool_use=med([s.get("tool_use") for s in steps]), stale=0.0,
@@ -267,7 +269,7 @@ def _common(samples: list[float], times: list[float], rewards: list[float]) -> d
 
 def run_ours(ckpt: Path, seed: int, steps: int, out: Path, max_minutes: float) -> dict[str, Any]:
     res = run_miles(ours_overrides(ckpt, seed, steps, max_minutes), out_dir=out, name=f"ours-s{seed}",
-                    timeout=max_minutes * 60 + 180)
+                    timeout=max_minutes * 60 + 180, keepalive_workaround=KEEPALIVE[0])
     if res.get("error"):
         print(res["error"], file=sys.stderr)
     return summarize_ours(res)
@@ -292,13 +294,14 @@ def report(runs: list[dict[str, Any]], ckpt_info: dict[str, Any], args: argparse
              f"(loss {ckpt_info['loss_first']:.2f} -> {ckpt_info['loss_last']:.2f}); model {ckpt_info['params']:,} "
              f"params, vocab {ckpt_info['vocab']}; RL steps per run: {args.steps}; seeds {args.seeds}", ""]
     head = ["run", "seed", "steps", "samples/s", "samples/s (all)", "s/step", "gen", "reward", "train", "push",
-            "wait", "tool use", "start", "+0.3 at step (s)", "0.8 at step (s)", "last MA3", "wall s", "cpu s"]
+            "wait", "tool use", "start", "+0.3 at step (s)", "0.8 at step (s)", "last MA3", "wall s", "cpu s",
+            "failed traj", "TITO mismatch warnings"]
     body = []
     for r in runs:
         body.append([r["system"], r["seed"], r["steps"], r["samples_per_s"], r["samples_per_s_all"], r["step_s"],
                      r["generation"], r["reward"], r["train"], r["push"], r["wait"], r["tool_use"], r["start"],
                      _at(r["rise_step"], r["rise_s"]), _at(r["level_step"], r["level_s"]), r["end_ma"], r["wall_s"],
-                     r["cpu_s"]])
+                     r["cpu_s"], r["failed"], r["mismatch"]])
     lines += [table(head, body), ""]
     lines.append("gen / reward: ours = mean per-episode generation (agent) and verifier seconds, overlapped "
                  "across 64 in-flight episodes and with training; TRL = per-step seconds in `generate` and in "
@@ -339,10 +342,12 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="smoke run: tiny SFT, 1 seed x 4 steps")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 30; quick 4)")
-    p.add_argument("--max-run-minutes", type=float, default=None, help="cap per run (default 3; quick 1.5)")
+    p.add_argument("--max-run-minutes", type=float, default=None, help="cap per run (default 4; quick 1.5)")
     p.add_argument("--checkpoint", type=Path, default=None, help="reuse a checkpoint dir written by a previous run")
     p.add_argument("--out", type=Path, default=None, help="work dir (default /tmp/miles-bench/rl-vs-trl-<time>)")
     p.add_argument("--only", choices=["ours", "trl"], default=None, help="run one side only")
+    p.add_argument("--keepalive-workaround", action="store_true",
+                   help="raise the session server's HTTP keep-alive to 60 s (bench-only patch; see rl_common.py)")
     # internal: the TRL worker process
     p.add_argument("--trl-worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--ckpt", help=argparse.SUPPRESS)
@@ -353,9 +358,10 @@ def main() -> None:
     if args.trl_worker:
         trl_worker(args)
         return
+    KEEPALIVE[0] = args.keepalive_workaround
     args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     args.steps = args.steps or (4 if args.quick else 30)
-    args.max_run_minutes = args.max_run_minutes or (1.5 if args.quick else 3.0)
+    args.max_run_minutes = args.max_run_minutes or (1.5 if args.quick else 4.0)
     out = args.out or Path("/tmp/miles-bench") / f"rl-vs-trl-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from pathlib import Path
 
@@ -41,6 +42,16 @@ def train(recipe: str | None, overrides: tuple[str, ...], resume_dir: Path | Non
 
     async def main() -> int:
         stack = TrainingStack(cfg, run_dir, resume=resume_dir is not None)
+        task = asyncio.current_task()
+
+        def on_interrupt() -> None:  # first Ctrl-C: finish the step and checkpoint; second: abort now
+            if stack.stop_requested and task is not None:
+                task.cancel()
+                return
+            stack.stop_requested = True
+            click.echo("\nstopping after the current step (Ctrl-C again to abort without a checkpoint)", err=True)
+
+        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, on_interrupt)
         try:
             await stack.build()
             return await drive(stack)
@@ -49,7 +60,7 @@ def train(recipe: str | None, overrides: tuple[str, ...], resume_dir: Path | Non
 
     try:
         last = asyncio.run(main())
-    except KeyboardInterrupt:
-        click.echo(f"\ninterrupted; resume with: miles train --resume {run_dir}", err=True)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        click.echo(f"\naborted; resume from the last checkpoint with: miles train --resume {run_dir}", err=True)
         raise SystemExit(130) from None
-    click.echo(f"finished at step {last}; report: miles report {run_dir}")
+    click.echo(f"stopped at step {last}; report: miles report {run_dir}; continue: miles train --resume {run_dir}")

@@ -8,6 +8,7 @@ SGLang-compatible server (``--engine-url``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -75,8 +76,15 @@ async def start_session_server(engine: Any, codec: Any, *, host: str = "127.0.0.
     from miles_engine.tito.server import create_app
     from miles_engine.tito.service import SessionManager
 
+    class EmbeddedServer(uvicorn.Server):
+        """Leaves signal handling to the host program (uvicorn would take SIGINT and re-raise it
+        at shutdown, turning a graceful Ctrl-C into an abort)."""
+
+        def capture_signals(self):  # type: ignore[no-untyped-def]
+            return contextlib.nullcontext()
+
     manager = SessionManager(engine, codec, config)
-    server = uvicorn.Server(uvicorn.Config(create_app(manager), host=host, port=port, log_level=log_level,
+    server = EmbeddedServer(uvicorn.Config(create_app(manager), host=host, port=port, log_level=log_level,
                                            lifespan="off", access_log=False))
     task = asyncio.create_task(server.serve(), name="tito-session-server")
     while not server.started and not task.done():

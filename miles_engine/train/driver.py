@@ -19,7 +19,7 @@ async def train(stack: TrainingStack) -> int:
         version = await stack.push_weights()
         await stack.mode.after_push(version)
         stack.log(step, groups, metrics)
-        if stack.out_of_time():
+        if stack.should_stop():
             break
     await stack.maybe_checkpoint(step, final=True)
     return step

@@ -34,6 +34,6 @@ async def run_sft(stack: TrainingStack) -> None:
         batch, order = [rows[i] for i in order[:cfg.batch_size]], order[cfg.batch_size:]
         metrics = await asyncio.to_thread(stack.trainer.sft_step, batch)
         stack.metrics.log(step, {f"sft/{k}": v for k, v in metrics.items()}, kind="sft")
-        if cfg.max_minutes is not None and time.monotonic() - started > cfg.max_minutes * 60:
+        if stack.stop_requested or (cfg.max_minutes is not None and time.monotonic() - started > cfg.max_minutes * 60):
             break
     stack.metrics.set_total(stack.cfg.run.steps, kind="train")

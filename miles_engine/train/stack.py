@@ -45,6 +45,7 @@ class TrainingStack:
     def __init__(self, cfg: RecipeConfig, run_dir: Path, *, hub: Hub | None = None, resume: bool = False) -> None:
         self.cfg, self.run_dir, self.hub, self.resume = cfg, run_dir, hub or Hub(), resume
         self.step = 0
+        self.stop_requested = False  # set by Ctrl-C: finish the current step, checkpoint, stop
         self.started = time.monotonic()
         self.timers: dict[str, float] = {}
         self._closers: list[Any] = []
@@ -169,9 +170,9 @@ class TrainingStack:
     def steps(self) -> range:
         return range(self.step + 1, self.cfg.run.steps + 1)
 
-    def out_of_time(self) -> bool:
+    def should_stop(self) -> bool:
         limit = self.cfg.run.max_minutes
-        return limit is not None and time.monotonic() - self.started > limit * 60
+        return self.stop_requested or (limit is not None and time.monotonic() - self.started > limit * 60)
 
     async def warm_start(self) -> None:
         from miles_engine.train.sft import run_sft

@@ -41,3 +41,37 @@ def test_resume_without_checkpoint_is_one_clear_error(tmp_path: Path) -> None:
     (tmp_path / "config.yaml").write_text((Path(__file__).parents[2] / "recipes" / "tiny-terminal.yaml").read_text())
     with pytest.raises(ConfigError, match="no checkpoint"):
         CliRunner().invoke(cli, ["train", "--resume", str(tmp_path), *FAST], catch_exceptions=False)
+
+
+@pytest.mark.timeout(240)
+def test_ctrl_c_finishes_the_step_checkpoints_and_leaves_nothing_running(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    run = tmp_path / "c"
+    cmd = [sys.executable, "-m", "miles_engine.cli.main", "train", "tiny-terminal", *FAST, "run.steps=1000",
+           "run.checkpoint_every=0", f"run.out_dir={tmp_path}", "run.name=c"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            metrics = run / "metrics.jsonl"
+            if metrics.exists() and any(json.loads(line).get("kind") == "train"
+                                        for line in metrics.read_text().splitlines() if line.endswith("}")):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()[0][-2000:]
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-2000:]
+    assert "stopping after the current step" in out and "continue: miles train --resume" in out
+    assert any((run / "checkpoints").iterdir())
+    survivors = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert not survivors, f"processes left in the run's session: {survivors}"
