@@ -46,7 +46,6 @@ def build_checkpoint(out: Path, overrides: Sequence[str]) -> dict[str, Any]:
     Uses the stack's own builders (``TrainingStack._build_codec`` / ``_build_model``) and
     ``run_sft`` on an in-process ``TorchTrainer`` (no engine, server or sandbox needed)."""
     import asyncio
-    import types
 
     import torch
 
@@ -68,8 +67,8 @@ def build_checkpoint(out: Path, overrides: Sequence[str]) -> dict[str, Any]:
     t_built = time.perf_counter()
     (out / "sft-run").mkdir(parents=True, exist_ok=True)
     metrics = MetricsLogger(out / "sft-run", MetricsConfig(progress=False, tensorboard=False), total_steps=1)
-    shim = types.SimpleNamespace(cfg=cfg, source=stack.source, codec=stack.codec, trainer=trainer, metrics=metrics)
-    asyncio.run(run_sft(shim))  # type: ignore[arg-type]
+    stack.trainer, stack.metrics = trainer, metrics  # the stack's own object, only the pieces SFT uses
+    asyncio.run(run_sft(stack))
     metrics.close()
     t_sft = time.perf_counter()
     ckpt = out / "checkpoint"
