@@ -129,7 +129,12 @@ class FakeSandbox:
                 self.files[f"{remote.rstrip('/')}/{f.relative_to(local).as_posix()}"] = f.read_bytes()
 
     async def download_dir(self, remote: str, local: Path) -> None:
-        raise NotImplementedError
+        prefix = remote.rstrip("/") + "/"
+        for path, data in self.files.items():
+            if path.startswith(prefix):
+                target = Path(local) / path[len(prefix):]
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
 
     async def alive(self) -> bool:
         return not self.closed
