@@ -41,7 +41,7 @@ def _pool(kind: Transport, url: str) -> Any:
         except ImportError as exc:
             raise ConfigError("the agent's HTTP transport 'aiohttp' needs the aiohttp package "
                               "(pip install aiohttp)") from exc
-        client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))
+        client = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=15))
     else:
         import httpx
 

@@ -84,8 +84,10 @@ async def start_session_server(engine: Any, codec: Any, *, host: str = "127.0.0.
             return contextlib.nullcontext()
 
     manager = SessionManager(engine, codec, config)
+    # keep-alive must outlast the agents' pooled idle connections (tito.client: 15 s), or a client
+    # reuses a socket the server just closed and the episode fails with "connection reset"
     server = EmbeddedServer(uvicorn.Config(create_app(manager), host=host, port=port, log_level=log_level,
-                                           lifespan="off", access_log=False))
+                                           lifespan="off", access_log=False, timeout_keep_alive=75))
     task = asyncio.create_task(server.serve(), name="tito-session-server")
     while not server.started and not task.done():
         await asyncio.sleep(0.02)

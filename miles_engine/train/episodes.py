@@ -80,10 +80,16 @@ class EpisodeTrajectories:
         self.backend = backend
         self.make_agent = make_agent
         self.source = source
+        self._seen_errors: set[str] = set()
 
     async def __call__(self, ref: Any, attempt: int) -> Trajectory:
         task = self.source.load_task(ref.id) if hasattr(ref, "id") and not hasattr(ref, "verify") else ref
         result = await run_episode(task, self.make_agent(), self.backend)
         traj = to_trajectory(task, result)
         traj.index = attempt
+        if traj.status != "ok" and traj.error:
+            kind = traj.error.split(":", 2)[-1].strip()[:200]
+            if kind not in self._seen_errors and len(self._seen_errors) < 100:  # each distinct error once
+                self._seen_errors.add(kind)
+                log.warning("episode of task %s ended %s: %s", task.id, traj.status, traj.error[:1000])
         return traj
