@@ -20,7 +20,7 @@ def fs_dir(scratch: str, sandbox_path: str) -> str:
 
 
 def make_scratch(root: str | None, sandbox_id: str, *, mapped: Iterable[str], ids: tuple[int, int] | None) -> str:
-    """Create ``<root>/miles-<id>-XXXX`` with ``fs/<path>`` for every mapped sandbox path
+    """Create ``<root>/miles-<id>-<random suffix>`` with ``fs/<path>`` for every mapped sandbox path
     plus ``home`` and ``tmp``; everything owned by the sandbox uid, mode 0700 at the top."""
     base = root or tempfile.gettempdir()
     os.makedirs(base, exist_ok=True)
