@@ -17,6 +17,7 @@ from miles_engine.cli.common import (
     parse_options,
     table,
 )
+from miles_engine.environments.capabilities import preflight
 from miles_engine.environments.validate import TaskCheck, validate_environment
 from miles_engine.hub import Hub
 
@@ -75,6 +76,11 @@ def validate(name: str, path: str | None, options: tuple[str, ...], jobs: int, b
     hub = Hub()
     source = build_environment(hub, name, parse_options(options), path)
     sandbox_backend = build_sandbox_backend(hub, backend, parse_options(sandbox_options))
+    try:
+        preflight(source, backend, sandbox_backend)
+    except BaseException:
+        asyncio.run(sandbox_backend.aclose())
+        raise
     out = console()
     started = time.perf_counter()
 

@@ -10,6 +10,7 @@ import click
 
 from miles_engine.cli.common import console, echo_json, table
 from miles_engine.config.recipe import RecipeConfig, load_recipe
+from miles_engine.environments.capabilities import preflight
 from miles_engine.hub import Hub
 from miles_engine.rollout.episode import EpisodeResult, run_episode
 
@@ -17,6 +18,11 @@ from miles_engine.rollout.episode import EpisodeResult, run_episode
 async def _evaluate(hub: Hub, cfg: RecipeConfig) -> list[EpisodeResult]:
     source = hub.create("environment", cfg.environment.name, cfg.environment.options, where="environment.options")
     backend = hub.create("sandbox", cfg.sandbox.backend, cfg.sandbox.options, where="sandbox.options")
+    try:
+        preflight(source, cfg.sandbox.backend, backend)
+    except BaseException:
+        await backend.aclose()
+        raise
     ids = cfg.eval.tasks or [ref.id for ref in source.list_tasks()]
     if cfg.eval.limit:
         ids = ids[: cfg.eval.limit]

@@ -1,5 +1,6 @@
 """Environments: sources of tasks, and the task protocol the episode runner drives."""
 
+from miles_engine.environments.capabilities import EnvironmentCapabilities, environment_capabilities
 from miles_engine.environments.protocol import (
     BASH_TOOL,
     EnvironmentSource,
@@ -15,6 +16,7 @@ from miles_engine.environments.protocol import (
 
 __all__ = [
     "BASH_TOOL",
+    "EnvironmentCapabilities",
     "EnvironmentSource",
     "EpisodeContext",
     "NoReferenceSolution",
@@ -24,4 +26,5 @@ __all__ = [
     "TaskRef",
     "ToolResult",
     "ToolSpec",
+    "environment_capabilities",
 ]

@@ -94,8 +94,10 @@ class TrainingStack:
 
     def _preflight_sandbox(self) -> None:
         """Refuse a backend that cannot isolate the tasks as asked, before anything trains."""
+        from miles_engine.environments.capabilities import preflight
         from miles_engine.sandbox.protocol import check_supported
 
+        preflight(self.source, self.cfg.sandbox.backend, self.backend)
         task = self.source.load_task(self.tasks.refs[0].id)
         spec = task.sandbox_spec()
         if spec is not None:

@@ -64,4 +64,4 @@ def test_empty_task_set(tmp_path):
 
 def test_sandbox_backend_that_cannot_run_the_tasks(tmp_path):
     msg = build_error(tmp_path, ["sandbox.options={isolation: process}"])
-    assert "cannot run task" in msg and "network 'none'" in msg
+    assert "cannot run" in msg and "network 'none'" in msg and "'local'" in msg

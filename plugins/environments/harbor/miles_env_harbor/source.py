@@ -18,6 +18,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from miles_engine.environments.capabilities import EnvironmentCapabilities, capabilities_of_tasks
 from miles_engine.environments.protocol import TaskRef
 from miles_engine.errors import TaskFormatError, UnknownComponentError, did_you_mean
 
@@ -127,6 +128,17 @@ class HarborSource:
             raise unknown_task_error(self.name, task_id, self.task_ids())
         return load_harbor_task(task_dir, task_id=task_id, source=self.name, ignore_dockerfile=self.ignore_dockerfile,
                                 default_network=self.default_network, task_class=self.task_class)
+
+    def capabilities(self) -> EnvironmentCapabilities:
+        """The widest needs over every task that loads (a malformed one is the validator's to report)."""
+        tasks = []
+        for task_id in self.task_ids():
+            try:
+                tasks.append(self.load_task(task_id))
+            except (TaskFormatError, UnknownComponentError):
+                continue
+        solved = bool(tasks) and all((t.solution_dir / "solve.sh").is_file() for t in tasks)
+        return capabilities_of_tasks(tasks, reference_solution=solved)
 
     def __repr__(self) -> str:
         return f"HarborSource(name={self.name!r}, path={str(self.path)!r})"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from miles_engine.environments.capabilities import EnvironmentCapabilities, capabilities_of_tasks
 from miles_engine.environments.protocol import TaskRef
 from miles_engine.errors import TaskFormatError, UnknownComponentError, did_you_mean
 
@@ -98,6 +99,18 @@ class TerminalBenchSource:
             raise unknown_task_error(self.name, task_id, self.task_ids())
         return load_tb_task(task_dir, task_id=task_id, source=self.name,
                             ignore_dockerfile=self.ignore_dockerfile, network=self.network)
+
+    def capabilities(self) -> EnvironmentCapabilities:
+        """The widest needs over every task that loads (a malformed one is the validator's to report)."""
+        tasks = []
+        for task_id in self.task_ids():
+            try:
+                tasks.append(self.load_task(task_id))
+            except (TaskFormatError, UnknownComponentError):
+                continue
+        solved = bool(tasks) and all((t.task_dir / "solution.sh").is_file() or (t.task_dir / "solution.yaml").is_file()
+                                     for t in tasks)
+        return capabilities_of_tasks(tasks, reference_solution=solved)
 
     def __repr__(self) -> str:
         return f"TerminalBenchSource(name={self.name!r}, path={str(self.path)!r})"

@@ -17,6 +17,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from miles_engine.environments.capabilities import EnvironmentCapabilities, capabilities_of_tasks
 from miles_engine.environments.protocol import Message, TaskRef
 from miles_engine.errors import UnknownComponentError
 
@@ -102,6 +103,11 @@ class ShellDrillsSource:
                 f"(kinds: {', '.join(self.options.kinds)})"
             )
         return self.make_task(m["kind"], int(m["index"]))
+
+    def capabilities(self) -> EnvironmentCapabilities:
+        """Every drill has the same sandbox and tools; one task per enabled kind covers them all."""
+        return capabilities_of_tasks((self.make_task(kind, 0) for kind in self.options.kinds),
+                                     reference_solution=True)
 
     def sample_task(self, rng: random.Random) -> DrillTask:
         """A task drawn from the unlimited id space (not only the listed ``num_tasks``)."""
