@@ -184,6 +184,18 @@ class AsyncBuffer:
             self._cond.notify_all()
         return True
 
+    # ------------------------------------------------------------------ checkpoint
+    def snapshot(self) -> list[Group]:
+        """The finished groups waiting to be taken, oldest put first (a checkpoint persists them)."""
+        return [e.group for e in sorted(self._queue, key=lambda e: e.seq)]
+
+    def restore(self, groups: Sequence[Group]) -> None:
+        """Put back a checkpoint's groups as they were (already filtered; capacity not enforced)."""
+        for group in groups:
+            versions = [v for t in group.trajectories for v in t.sampled_versions]
+            self._queue.append(_Entry(group, self._seq, min(versions) if versions else math.inf))
+            self._seq += 1
+
     # ------------------------------------------------------------------ get
     def _evict_stale(self, current_version: int) -> None:
         bound = self.options.max_staleness

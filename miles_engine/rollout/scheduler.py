@@ -22,8 +22,8 @@ quotas, admission control) says no.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
-import itertools
 import logging
 import time
 from collections import Counter
@@ -52,6 +52,7 @@ class SchedulerOptions(BaseModel):
 @dataclass
 class _GroupRun:
     group_id: str
+    position: int  # index of its task in the task stream: group ids are ``task_id@position``
     task: Any
     task_id: str
     submitted_version: int
@@ -71,7 +72,11 @@ def _describe(exc: BaseException) -> str:
 
 class Scheduler:
     def __init__(self, tasks: Iterable[Any], run_trajectory: RunTrajectory, buffer: AsyncBuffer,
-                 options: SchedulerOptions | None = None, *, version_fn: Callable[[], int] = lambda: 0) -> None:
+                 options: SchedulerOptions | None = None, *, version_fn: Callable[[], int] = lambda: 0,
+                 first_position: int = 0, requeue: Iterable[tuple[int, Any]] = ()) -> None:
+        """``tasks`` is the stream from its ``first_position`` on; ``requeue`` holds ``(position,
+        task)`` of groups a checkpoint recorded as running: they are submitted first, with the
+        same group ids (a resumed run regenerates them instead of losing them)."""
         self.options = opts = options or SchedulerOptions()
         if opts.max_inflight < opts.group_size:
             raise ConfigError(f"scheduler.max_inflight ({opts.max_inflight}) must be >= group_size "
@@ -82,7 +87,8 @@ class Scheduler:
         self.version_fn = version_fn
         self.gate: Callable[[], bool] | None = None
         self._groups: dict[str, _GroupRun] = {}
-        self._seq = itertools.count()
+        self.next_position = first_position  # the data cursor: stream position of the next new task
+        self._requeue = collections.deque(requeue)
         self._wake = asyncio.Event()  # the submission loop's
         self._progress = asyncio.Event()  # wait_idle's
         self._loop_task: asyncio.Task[None] | None = None
@@ -178,13 +184,17 @@ class Scheduler:
                     await self._wait_wake()
                     self.blocked_s[blocker] += time.monotonic() - t
                     continue
-                try:
-                    task = next(self._tasks)
-                except StopIteration:
-                    self.exhausted = True
-                    log.info("scheduler: the task stream is exhausted")
-                    return
-                self._submit(task)
+                if self._requeue:
+                    position, task = self._requeue.popleft()
+                else:
+                    try:
+                        task = next(self._tasks)
+                    except StopIteration:
+                        self.exhausted = True
+                        log.info("scheduler: the task stream is exhausted")
+                        return
+                    position, self.next_position = self.next_position, self.next_position + 1
+                self._submit(task, position)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:  # noqa: BLE001 - surfaced to the trainer through the buffer
@@ -192,10 +202,10 @@ class Scheduler:
             log.exception("scheduler: submission loop failed")
             await self.buffer.close(exc)
 
-    def _submit(self, task: Any) -> None:
+    def _submit(self, task: Any, position: int) -> None:
         n = self.options.group_size
         task_id = _task_id(task)
-        run = _GroupRun(f"{task_id}@{next(self._seq)}", task, task_id, self.version_fn(), [None] * n, n)
+        run = _GroupRun(f"{task_id}@{position}", position, task, task_id, self.version_fn(), [None] * n, n)
         self._groups[run.group_id] = run
         self.buffer.track(run.group_id, run.submitted_version)
         self._set_inflight(self.inflight + n)
@@ -205,6 +215,12 @@ class Scheduler:
             t = asyncio.create_task(self._episode(run, i), name=f"episode-{run.group_id}-{i}")
             run.tasks.add(t)
             t.add_done_callback(run.tasks.discard)
+
+    def unfinished(self) -> list[tuple[int, str]]:
+        """``(position, task_id)`` of every group submitted (or due for resubmission) but not yet
+        in the buffer: what a checkpoint requeues."""
+        running = [(r.position, r.task_id) for r in self._groups.values()]
+        return sorted(running + [(p, _task_id(t)) for p, t in self._requeue])
 
     @property
     def submitted_groups(self) -> int:

@@ -51,11 +51,36 @@ class TaskStream:
         return len(self.refs)
 
     def __iter__(self) -> Iterator[TaskRef]:
+        return self.iter_from(0)
+
+    def _orders(self) -> Iterator[list[TaskRef]]:
+        """Each epoch's order; the same sequence for the same seed (one rng, shuffled per epoch)."""
         rng = random.Random(self.seed)
-        self.epoch = 0
-        while self.epochs is None or self.epoch < self.epochs:
+        epoch = 0
+        while self.epochs is None or epoch < self.epochs:
             order = list(self.refs)
             if self.shuffle:
                 rng.shuffle(order)
-            yield from order
-            self.epoch += 1
+            yield order
+            epoch += 1
+
+    def iter_from(self, position: int) -> Iterator[TaskRef]:
+        """The stream from its ``position``-th task on (0: the start): a resumed run continues
+        the same data order from its checkpointed cursor."""
+        if position < 0:
+            raise ValueError(f"task stream position must be >= 0, got {position}")
+        first_epoch, offset = divmod(position, len(self.refs))
+        self.epoch = 0
+        for epoch, order in enumerate(self._orders()):
+            self.epoch = epoch
+            if epoch >= first_epoch:
+                yield from order[offset if epoch == first_epoch else 0:]
+        self.epoch = self.epochs if self.epochs is not None else self.epoch
+
+    def at(self, position: int) -> TaskRef:
+        """The task at ``position`` of the stream (for a checkpoint's requeued groups)."""
+        epoch_wanted, offset = divmod(position, len(self.refs))
+        for epoch, order in enumerate(self._orders()):
+            if epoch == epoch_wanted:
+                return order[offset]
+        raise IndexError(f"task stream position {position} is past its end ({self.epochs} epochs of {len(self)})")
