@@ -1,4 +1,5 @@
-"""``miles sandbox``: run one command in a sandbox, or check a backend's isolation."""
+"""``miles sandbox``: run one command in a sandbox, check a backend's isolation, sweep a
+run's leftover remote sandboxes."""
 
 from __future__ import annotations
 
@@ -139,3 +140,34 @@ def check_cmd(backend: str, options: tuple[str, ...], as_json: bool, cases: tupl
         )
     if any(not r.contained for r in results):
         raise click.exceptions.Exit(1)
+
+
+@sandbox.command("sweep")
+@backend_flag
+@option_flag
+@click.option("--run", "run_id", required=True, help="Run id: every sandbox labelled miles.run=RUN is removed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the removed sandbox ids as a JSON list.")
+def sweep_cmd(backend: str, options: tuple[str, ...], run_id: str, as_json: bool) -> None:
+    """Remove every sandbox a run left behind on a remote backend (idempotent)."""
+    from miles_engine.sandbox.protocol import RUN_LABEL, SweepableBackend
+
+    if not run_id.strip():
+        raise click.BadParameter("must be a non-empty run id", param_hint="--run")
+    be = build_sandbox_backend(Hub(), backend, parse_options(options))
+
+    async def run() -> list[str]:
+        try:
+            if not isinstance(be, SweepableBackend):
+                raise ConfigError(
+                    f"sandbox backend '{backend}' has no sweep: it creates no remote sandboxes to leave behind "
+                    f"(sweep applies to backends such as docker, e2b, daytona, modal)"
+                )
+            return list(await be.sweep(run_id))
+        finally:
+            await be.aclose()
+
+    removed = asyncio.run(run())
+    if as_json:
+        echo_json(removed)
+    else:
+        click.echo(f"removed {len(removed)} sandbox(es) labelled {RUN_LABEL}={run_id}" + "".join(f"\n  {i}" for i in removed))

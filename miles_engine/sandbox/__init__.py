@@ -1,6 +1,8 @@
 """Sandboxes: one async protocol, many backends (local built in; Docker and clouds as plugins)."""
 
 from miles_engine.sandbox.protocol import (
+    RUN_LABEL,
+    SANDBOX_LABEL,
     BuildContext,
     Capabilities,
     ExecResult,
@@ -9,10 +11,13 @@ from miles_engine.sandbox.protocol import (
     Sandbox,
     SandboxBackend,
     SandboxSpec,
+    SweepableBackend,
     check_supported,
 )
 
 __all__ = [
+    "RUN_LABEL",
+    "SANDBOX_LABEL",
     "BuildContext",
     "Capabilities",
     "ExecResult",
@@ -21,5 +26,6 @@ __all__ = [
     "Sandbox",
     "SandboxBackend",
     "SandboxSpec",
+    "SweepableBackend",
     "check_supported",
 ]

@@ -9,6 +9,24 @@ Semantics every backend must keep (the contract suite checks them):
 - ``close`` is idempotent and leaves nothing running.
 - A backend never runs a spec it cannot isolate as asked: :func:`check_supported` raises
   :class:`~miles_engine.errors.SandboxUnsupportedError` naming every unmet need.
+- ``exec`` runs a string under ``bash -c`` and a list as argv; stdout and stderr stay
+  separate; ``cwd``/``env`` apply to that one command on top of the spec's; each stream is
+  cut at ``max_output_bytes`` (``truncated`` set) while the command runs to completion.
+- Files are binary safe. ``read_file`` raises :class:`FileNotFoundError` for a missing path;
+  every path in ``spec.files`` exists when ``create`` returns.
+- After ``close`` every operation raises :class:`~miles_engine.errors.SandboxError` and
+  ``alive()`` is ``False``.
+
+Remote backends (anything that creates resources outside this process) also keep:
+
+- Every sandbox carries the labels of its spec plus :data:`RUN_LABEL` (the run id: the
+  spec's own ``miles.run`` label when set, else the backend's run id) and
+  :data:`SANDBOX_LABEL` (the sandbox id), so leftovers of a crashed run can be found.
+- They implement :class:`SweepableBackend`: ``sweep(run_id)`` removes every sandbox
+  labelled with that run and returns their ids; sweeping again returns ``[]``.
+  ``miles sandbox sweep --backend B --run RUN`` calls it.
+- Only idempotent calls are retried (create, file I/O, close, sweep): a command given to
+  ``exec`` is sent once, never re-dispatched (see :mod:`miles_engine.sandbox.remote`).
 """
 
 from __future__ import annotations
@@ -27,6 +45,10 @@ NetworkMode = Literal["none", "public", "allowlist"]
 ISOLATION_ORDER: tuple[IsolationLevel, ...] = ("process", "namespace", "container", "microvm")
 
 DEFAULT_MAX_OUTPUT_BYTES = 1 << 20  # per stream
+
+RUN_LABEL = "miles.run"  # label carrying the run id on every remote sandbox
+SANDBOX_LABEL = "miles.sandbox"  # label carrying the sandbox's own id
+TASK_LABEL = "miles.task"  # label naming the task a sandbox was made for (optional)
 
 
 class _Model(BaseModel):
@@ -158,6 +180,20 @@ class SandboxBackend(Protocol):
     async def aclose(self) -> None: ...
 
 
+@runtime_checkable
+class SweepableBackend(Protocol):
+    """A backend whose sandboxes live outside this process (a Docker engine, a cloud).
+
+    ``sweep`` removes every sandbox labelled ``RUN_LABEL=run_id`` (running or stopped) and
+    returns the ids it removed. It is idempotent (a second call returns ``[]``) and safe to
+    run while another process of that run is still alive (its sandboxes are then gone).
+    """
+
+    name: str
+
+    async def sweep(self, run_id: str) -> list[str]: ...
+
+
 def unmet_needs(spec: SandboxSpec, caps: Capabilities) -> list[str]:
     needs: list[str] = []
     if ISOLATION_ORDER.index(caps.isolation) < ISOLATION_ORDER.index(spec.min_isolation):
@@ -184,7 +220,7 @@ def unmet_needs(spec: SandboxSpec, caps: Capabilities) -> list[str]:
 def check_supported(spec: SandboxSpec, caps: Capabilities, *, backend: str, task: str | None = None) -> None:
     """Raise :class:`SandboxUnsupportedError` naming every need ``caps`` cannot meet."""
     needs = unmet_needs(spec, caps)
-    task = task or spec.labels.get("miles.task")
+    task = task or spec.labels.get(TASK_LABEL)
     if needs:
         who = f"task '{task}'" if task else "the sandbox spec"
         raise SandboxUnsupportedError(
