@@ -65,3 +65,4 @@ class RunConfig(_Section):
     out_dir: str = "runs"
     name: str | None = Field(None, description="run directory name (default: recipe name + timestamp)")
     checkpoint_every: int = Field(0, ge=0, description="RL steps between checkpoints (0: only at the end)")
+    checkpoint_keep: int = Field(2, ge=1, description="newest checkpoints kept on disk")

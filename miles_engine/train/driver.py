@@ -8,13 +8,14 @@ from miles_engine.train.stack import TrainingStack
 async def train(stack: TrainingStack) -> int:
     """Warm start, push the trainer's weights, then {get groups, train, checkpoint, push}."""
     await stack.warm_start()
-    await stack.push_weights()  # engines start from the trainer's own weights
+    await stack.maybe_checkpoint(stack.step)  # resumable from the first RL step (no-op when resumed)
+    await stack.push_weights()  # engines start from the trainer's own (or the restored) weights and version
     await stack.mode.start()
     step = stack.step
     for step in stack.steps():
-        groups = await stack.next_groups()
+        groups = await stack.next_groups(step)
         await stack.mode.before_train(step)
-        metrics = await stack.train(groups)
+        metrics = await stack.train(step, groups)
         await stack.maybe_checkpoint(step)
         version = await stack.push_weights()
         await stack.mode.after_push(version)

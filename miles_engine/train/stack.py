@@ -19,7 +19,8 @@ from miles_engine.config.recipe import RecipeConfig
 from miles_engine.errors import ConfigError
 from miles_engine.hub import Hub
 from miles_engine.rollout.types import Group
-from miles_engine.train import checkpoint
+from miles_engine.train import checkpoint, consumed, crash_points, resume
+from miles_engine.train.checkpoint_compat import check as check_resume
 from miles_engine.train.group_metrics import group_metrics
 
 
@@ -48,6 +49,10 @@ class TrainingStack:
         self.stop_requested = False  # set by Ctrl-C: finish the current step, checkpoint, stop
         self.started = time.monotonic()
         self.timers: dict[str, float] = {}
+        self.current_step = 0  # the step in progress (crash points, weight publish)
+        self.resumed: checkpoint.Loaded | None = None
+        self.saved_step: int | None = None  # the step of the newest checkpoint on disk
+        self.checkpoint_metrics: dict[str, float] = {}
         self._closers: list[Any] = []
 
     # ------------------------------------------------------------------ build
@@ -59,6 +64,13 @@ class TrainingStack:
         from miles_engine.rollout.tasks import TaskStream
 
         cfg, hub = self.cfg, self.hub
+        crash_points.check_env()
+        if self.resume:  # read and check it first: a bad checkpoint fails before anything starts
+            import torch  # noqa: F401 - imported anyway; kept out of the load time
+
+            t0 = time.perf_counter()
+            self.resumed = await asyncio.to_thread(checkpoint.load_latest, self.run_dir)
+            self.checkpoint_metrics["checkpoint/load_s"] = time.perf_counter() - t0
         cfg.trainer.check_group_size(cfg.rollout.group_size, "rollout.group_size")
         self.buffer = AsyncBuffer(cfg.buffer)
         validate_mode(cfg.rollout.mode, colocated=cfg.placement.colocated,
@@ -70,6 +82,9 @@ class TrainingStack:
         self.tasks = TaskStream(self.source, seed=cfg.rollout.task_seed)
         self._preflight_sandbox()
         self.codec = self._build_codec()
+        self.tokenizer_sha = resume.tokenizer_sha256(self.codec.tokenizer)
+        if self.resumed is not None:
+            check_resume(self.resumed.manifest, cfg.model_dump(mode="json"), self.tokenizer_sha, self.resumed.path)
         self.model = self._build_model()
         self.trainer = await asyncio.to_thread(self._build_trainer)
         self.engine = await self._build_engine()
@@ -83,14 +98,33 @@ class TrainingStack:
         run = EpisodeTrajectories(self.backend, self._make_agent, self.source)
         opts = SchedulerOptions(group_size=cfg.rollout.group_size, max_inflight=cfg.rollout.max_inflight,
                                 episode_timeout_s=cfg.rollout.episode_timeout_s)
-        self.scheduler = Scheduler(self.tasks, run, self.buffer, opts, version_fn=lambda: self.engine.weight_version)
+        rollout = self.resumed.rollout if self.resumed is not None else checkpoint.RolloutState(cursor=0)
+        self.scheduler = Scheduler(self.tasks.iter_from(rollout.cursor), run, self.buffer, opts,
+                                   version_fn=lambda: self.engine.weight_version, first_position=rollout.cursor,
+                                   requeue=resume.requeued_refs(self.tasks, rollout, self.run_dir))
         self.mode = create_mode(cfg.rollout.mode, self.scheduler, groups_per_step=cfg.rollout.groups_per_step)
         self.metrics = MetricsLogger(self.run_dir, cfg.metrics, total_steps=cfg.run.steps,
                                      run_config=cfg.model_dump(mode="json"))
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
-        if self.resume:
-            self.step = await asyncio.to_thread(checkpoint.restore, self.run_dir, self.trainer)
+        if self.resumed is not None:
+            await self._restore(self.resumed)
         return self
+
+    async def _restore(self, loaded: checkpoint.Loaded) -> None:
+        """Trainer (model, optimizer, schedule, weight version), buffered groups, RNGs, step; the
+        initial push then brings the engines to these weights under this version."""
+        t0 = time.perf_counter()
+        await asyncio.to_thread(self.trainer.load_state_dict, loaded.trainer_state)
+        loaded.trainer_state = {}  # free it
+        self.buffer.restore(loaded.rollout.buffered)
+        consumed.truncate_after(self.run_dir, loaded.step)
+        checkpoint.set_rng_states(loaded.rng)
+        self.step = self.current_step = self.saved_step = loaded.step
+        self.checkpoint_metrics["checkpoint/restore_s"] = (time.perf_counter() - t0
+                                                           + self.checkpoint_metrics.pop("checkpoint/load_s", 0.0))
+        print(f"resumed from {loaded.path}: step {loaded.step}, weight version {self.version}, data cursor "
+              f"{loaded.rollout.cursor}, {len(loaded.rollout.buffered)} buffered group(s) restored, "
+              f"{len(loaded.rollout.requeued)} running group(s) requeued")
 
     def _preflight_sandbox(self) -> None:
         """Refuse a backend that cannot isolate the tasks as asked, before anything trains."""
@@ -185,27 +219,48 @@ class TrainingStack:
     async def push_weights(self) -> int:
         t0 = time.perf_counter()
         tensors = await asyncio.to_thread(lambda: list(self.trainer.named_tensors()))
+        crash_points.crash_point("weight_publish", self.current_step)
         stats = await self.transport.push(tensors, self.version)
         self.timers["push"] = time.perf_counter() - t0
         self.last_push = stats
         return stats.version
 
-    async def next_groups(self) -> list[Group]:
+    async def next_groups(self, step: int) -> list[Group]:
+        self.current_step = step
+        crash_points.crash_point("generation", step)
         t0 = time.perf_counter()
         groups = await self.buffer.get(self.cfg.rollout.groups_per_step, self.version)
         self.timers["wait"] = time.perf_counter() - t0
         return groups
 
-    async def train(self, groups: list[Group]) -> dict[str, float]:
+    async def train(self, step: int, groups: list[Group]) -> dict[str, float]:
+        crash_points.crash_point("train_step", step)
         t0 = time.perf_counter()
         metrics = await asyncio.to_thread(self.trainer.train_step, groups)
         self.timers["train"] = time.perf_counter() - t0
+        await asyncio.to_thread(consumed.append, self.run_dir, step, self.version, [g.group_id for g in groups])
         return metrics
 
     async def maybe_checkpoint(self, step: int, *, final: bool = False) -> None:
+        """Every ``run.checkpoint_every`` steps (step 0 included: resumable from the first RL
+        step) and at the end; never twice for one step."""
         every = self.cfg.run.checkpoint_every
-        if final or (every and step % every == 0):
-            await asyncio.to_thread(checkpoint.save, self.run_dir, self.trainer, step)
+        if self.saved_step == step or not (final or (every and step % every == 0)):
+            return
+        t0 = time.perf_counter()
+        # taken now, on the event loop, so the buffer and the running groups are one consistent cut
+        rollout = checkpoint.RolloutState(self.scheduler.next_position, self.buffer.snapshot(),
+                                          self.scheduler.unfinished())
+        rng = checkpoint.rng_states()
+        state = await asyncio.to_thread(self.trainer.state_dict)
+        t1 = time.perf_counter()
+        info = resume.manifest_info(self.cfg.model_dump(mode="json"), self.tokenizer_sha, self.version, rollout)
+        path = await asyncio.to_thread(checkpoint.save, self.run_dir, step=step, trainer_state=state, rollout=rollout,
+                                       rng=rng, manifest=info, keep=self.cfg.run.checkpoint_keep)
+        self.saved_step = step
+        self.checkpoint_metrics.update({"checkpoint/write_s": time.perf_counter() - t0,
+                                        "checkpoint/state_s": t1 - t0,
+                                        "checkpoint/bytes": float(sum(f.stat().st_size for f in path.iterdir()))})
 
     def log(self, step: int, groups: list[Group], train_metrics: dict[str, float]) -> None:
         self.step = step
@@ -215,6 +270,8 @@ class TrainingStack:
         metrics.update(self.mode.metrics())
         metrics.update(self.last_push.metrics())
         metrics.update({f"time/{k}": v for k, v in self.timers.items()})
+        metrics.update(self.checkpoint_metrics)
+        self.checkpoint_metrics = {}
         metrics["time/elapsed"] = time.monotonic() - self.started
         self.metrics.log(step, metrics)
 

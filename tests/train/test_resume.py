@@ -25,14 +25,14 @@ def test_resume_continues_step_and_weight_version(tmp_path: Path) -> None:
     train("tiny-terminal", *FAST, "run.steps=2", f"run.out_dir={tmp_path}", "run.name=r")
     run = tmp_path / "r"
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
-    assert ckpts == ["step_00000001.pt", "step_00000002.pt"]
+    assert ckpts == ["step_00000001", "step_00000002"]
     train("--resume", str(run), "run.steps=3")
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows if r["kind"] == "train"]
     versions = [r["weights/version"] for r in rows if r["kind"] == "train"]
     assert steps == [1, 2, 3]
     assert versions == sorted(versions) and len(set(versions)) == 3  # numbering continues, no restart at 0
-    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000002.pt", "step_00000003.pt"]
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_00000002", "step_00000003"]
 
 
 def test_resume_without_checkpoint_is_one_clear_error(tmp_path: Path) -> None:
