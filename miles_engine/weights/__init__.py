@@ -6,6 +6,7 @@
 
 - ``colocated``: engines in this process (:class:`ColocatedTransport`).
 - ``broadcast``: engine processes over a torch.distributed group (:class:`BroadcastTransport`).
+- ``disk_delta``: versioned byte patches under a shared directory (:mod:`.disk_delta`).
 
 Every push ends by checking that each engine reports the pushed version
 (:class:`WeightPushError` otherwise). Importing this package does not import torch.
@@ -22,6 +23,7 @@ from miles_engine.weights.protocol import PushStats, WeightPushError, WeightTran
 TRANSPORTS: dict[str, str] = {
     "colocated": "miles_engine.weights.colocated:ColocatedTransport",
     "broadcast": "miles_engine.weights.broadcast:BroadcastTransport",
+    "disk_delta": "miles_engine.weights.disk_delta.transport:DiskDeltaTransport",
 }
 
 __all__ = ["TRANSPORTS", "PushStats", "WeightPushError", "WeightTransport", "create_transport", "transport_class",
