@@ -28,6 +28,10 @@ class Trajectory:
     index: int = 0  # position inside its group
     routed_experts: list[list[list[int]]] | None = None  # [tokens, moe_layers, top_k] on sampled tokens
     teacher_logprobs: list[float] | None = None  # per token, for on-policy distillation
+    # OPD top-K: per token, the candidate ids fixed at scoring time ([] off the sampled tokens)
+    # and the teacher's log-probs of them (miles_engine.teachers.candidates)
+    teacher_candidate_ids: list[list[int]] | None = None
+    teacher_candidate_logprobs: list[list[float]] | None = None
     tags: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)  # e.g. turns, tool_calls, tool_use
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -80,10 +81,11 @@ def from_token_rows(token_rows: Sequence[Sequence[int]], masks: Sequence[Sequenc
 
 
 def from_groups(minibatches: Sequence[Sequence[Group]], *, teacher: bool = False, pad_id: int = 0,
-                routing: tuple[int, int] | None = None) -> StepBatch:
+                routing: tuple[int, int] | None = None, candidates: bool = False) -> StepBatch:
     """Flatten ``minibatches`` (lists of groups) into one padded batch; rows remember their
     group (numbered across the step) and minibatch. ``routing`` = (MoE layers, top_k): also
-    build ``extra["routed"]`` ([rows, tokens, layers, top_k], -1 = not replayed)."""
+    build ``extra["routed"]`` ([rows, tokens, layers, top_k], -1 = not replayed).
+    ``candidates``: also build the OPD candidate tensors (:func:`candidate_tensors`)."""
     trajs, gidx, mbs = [], [], []
     g = 0
     for m, groups in enumerate(minibatches):
@@ -110,7 +112,25 @@ def from_groups(minibatches: Sequence[Sequence[Group]], *, teacher: bool = False
             if rows is not None:
                 routed[i, : len(t.token_ids)] = rows
         batch.extra["routed"] = routed
+    if candidates:
+        batch.extra.update(candidate_tensors(trajs, width))
     return batch
+
+
+def candidate_tensors(trajs: Sequence[Any], width: int) -> dict[str, Tensor]:
+    """``opd_cand_ids`` (long), ``opd_cand_teacher`` and ``opd_cand_mask`` (float), all
+    ``[rows, tokens, C]`` with C the largest candidate set of the step (at least 1)."""
+    c = max([1, *(len(ids) for t in trajs for ids in (t.teacher_candidate_ids or []))])
+    ids = torch.zeros((len(trajs), width, c), dtype=torch.long)
+    lps = torch.zeros((len(trajs), width, c), dtype=torch.float32)
+    mask = torch.zeros((len(trajs), width, c), dtype=torch.float32)
+    for i, t in enumerate(trajs):
+        for p, (cand, lp) in enumerate(zip(t.teacher_candidate_ids or [], t.teacher_candidate_logprobs or [])):
+            if cand and t.loss_mask[p]:
+                ids[i, p, : len(cand)] = torch.tensor(cand, dtype=torch.long)
+                lps[i, p, : len(cand)] = torch.tensor(lp, dtype=torch.float32)
+                mask[i, p, : len(cand)] = 1.0
+    return {"opd_cand_ids": ids, "opd_cand_teacher": lps, "opd_cand_mask": mask}
 
 
 def from_sft_rows(rows: Sequence[SFTRow], pad_id: int = 0) -> StepBatch:

@@ -75,7 +75,35 @@ class KLConfig(_Section):
 
 
 class OPDConfig(_Section):
+    """On-policy distillation: the teacher's log-probs as an advantage term (``beta``) and/or a
+    reverse-KL loss term (``coef``; math in :mod:`miles_engine.trainer.opd_loss`)."""
+
     beta: float = Field(0.0, ge=0, description="A <- A - beta * (logp_student_old - logp_teacher) per token")
+    coef: float = Field(0.0, ge=0, description="weight of the per-token reverse-KL loss term")
+    candidates: Literal["sampled", "student_topk", "teacher_topk", "intersection", "union"] = Field(
+        "sampled", description="sampled: the sampled token only; else the reverse KL renormalised on a top-K set")
+    top_k: int = Field(8, ge=1, description="K of the student / teacher top-K candidate sets")
+    weighting: Literal["student", "teacher", "uniform"] = Field(
+        "student", description="weights of the per-candidate terms (student: the exact reverse-KL gradient)")
+    task_reward: bool = Field(True, description="false: the task reward's advantage is zero, so the OPD "
+                              "terms are the only training signal")
+
+    @model_validator(mode="after")
+    def _signal(self) -> OPDConfig:
+        if self.candidates == "sampled" and self.weighting != "student":
+            raise ValueError(f"opd.weighting={self.weighting!r} needs a candidate set: set opd.candidates to "
+                             f"student_topk, teacher_topk, intersection or union")
+        if not self.task_reward and not (self.beta or self.coef):
+            raise ValueError("opd.task_reward=false with opd.beta=0 and opd.coef=0 leaves no training signal")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.beta or self.coef)
+
+    @property
+    def uses_candidates(self) -> bool:
+        return bool(self.coef) and self.candidates != "sampled"
 
 
 class OptimizerConfig(_Section):

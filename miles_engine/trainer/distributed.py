@@ -203,8 +203,9 @@ class FSDPTrainer:
 
     def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
         cfg = self.config
-        validate_groups(groups, vocab_size=self.vocab_size, need_teacher=cfg.opd.beta > 0,
-                        std_normalization=cfg.uses_std_normalization, routing=self.routing)
+        validate_groups(groups, vocab_size=self.vocab_size, need_teacher=cfg.opd.enabled,
+                        std_normalization=cfg.uses_std_normalization, routing=self.routing,
+                        need_candidates=cfg.opd.uses_candidates)
         minibatches = split_groups(groups, min(cfg.minibatches, len(groups)))
         shares = [split_groups(mb, self.world_size) for mb in minibatches]
         per_rank = [[share[r] for share in shares] for r in range(self.world_size)]

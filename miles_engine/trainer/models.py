@@ -69,10 +69,11 @@ def shift_values(values: Tensor) -> Tensor:
 
 
 class ForwardOut:
-    __slots__ = ("logp", "entropy", "hidden")
+    __slots__ = ("logp", "entropy", "hidden", "cand_logp")
 
-    def __init__(self, logp: Tensor, entropy: Tensor | None, hidden: Tensor | None) -> None:
-        self.logp, self.entropy, self.hidden = logp, entropy, hidden
+    def __init__(self, logp: Tensor, entropy: Tensor | None, hidden: Tensor | None,
+                 cand_logp: Tensor | None = None) -> None:
+        self.logp, self.entropy, self.hidden, self.cand_logp = logp, entropy, hidden, cand_logp
 
 
 def _keep_mask(mask: Tensor | None) -> Tensor | None:
@@ -85,12 +86,14 @@ def _keep_mask(mask: Tensor | None) -> Tensor | None:
 
 
 def forward_logprobs(model: nn.Module, ids: Tensor, attn: Tensor, *, temperature: float = 1.0,
-                     entropy: str = "none", hidden: bool = False, mask: Tensor | None = None) -> ForwardOut:
+                     entropy: str = "none", hidden: bool = False, mask: Tensor | None = None,
+                     candidates: Tensor | None = None) -> ForwardOut:
     """Per-token log-probs aligned with ``ids`` (index 0 = 0); ``entropy``: ``none``, ``metric``
     (detached) or ``grad``; ``hidden``: also return the last hidden state. With ``mask`` only
     the masked tokens are scored (0 elsewhere): the LM head and the softmax then run only on the
     positions that predict them (``logits_to_keep`` with a boolean mask), a large saving when
-    prompts and environment tokens dominate the rows."""
+    prompts and environment tokens dominate the rows. ``candidates`` (``[rows, tokens, C]`` ids,
+    aligned like ``ids``): also return their log-probs as ``cand_logp`` (same shape, with grad)."""
     keep = _keep_mask(mask)
     kwargs: dict[str, Any] = {"logits_to_keep": keep} if keep is not None else {}
     out = model(input_ids=ids, attention_mask=attn, output_hidden_states=hidden, use_cache=False, **kwargs)
@@ -114,4 +117,11 @@ def forward_logprobs(model: nn.Module, ids: Tensor, attn: Tensor, *, temperature
             ent = torch.nn.functional.pad(h[:, :-1], (1, 0))
         else:
             ent = torch.zeros(ids.shape, dtype=h.dtype, device=ids.device).index_put((rows, cols + 1), h)
-    return ForwardOut(logp, ent, out.hidden_states[-1] if hidden else None)
+    cand = None
+    if candidates is not None:
+        if keep is None:
+            cand = torch.nn.functional.pad(logp_all[:, :-1].gather(-1, candidates[:, 1:]), (0, 0, 1, 0))
+        else:
+            vals = logp_all.gather(-1, candidates[rows, cols + 1])
+            cand = torch.zeros(candidates.shape, dtype=vals.dtype, device=ids.device).index_put((rows, cols + 1), vals)
+    return ForwardOut(logp, ent, out.hidden_states[-1] if hidden else None, cand)

@@ -18,6 +18,7 @@ from miles_engine.trainer import corrections
 from miles_engine.trainer.batch import MicroBatch, StepBatch
 from miles_engine.trainer.losses import aggregate, kl_penalty, policy_loss, value_loss
 from miles_engine.trainer.models import forward_logprobs, shift_values
+from miles_engine.trainer.opd_loss import candidate_reverse_kl, sampled_reverse_kl
 
 if TYPE_CHECKING:
     from miles_engine.trainer.torch_trainer import TorchTrainer
@@ -87,6 +88,8 @@ def prepare(tr: TorchTrainer, batch: StepBatch) -> dict[str, float]:
         rewards = adv_fn.token_rewards(batch.rewards, mask, kl_reward, cfg.kl.coef)
         advantages, returns = adv_fn.gae(rewards, batch.extra["old_values"], mask, alg.gamma, cfg.value.gae_lambda)
         batch.extra["returns"] = returns
+    if not cfg.opd.task_reward:
+        advantages = torch.zeros_like(advantages)
     if cfg.opd.beta:
         advantages = adv_fn.opd_adjust(advantages, old, batch.teacher_logp, mask, cfg.opd.beta)
     if alg.normalize_advantages and est != "reinforce_pp":
@@ -132,14 +135,20 @@ def _loss_fn(tr: TorchTrainer, n_tok: float, n_seq: float):
     keys = ["loss", "pg_loss", "entropy", "clipfrac", "dual_clipfrac", "ratio_mean"]
     keys += ["kl"] if tr.reference is not None else []
     keys += ["value_loss", "value_clipfrac"] if is_ppo else []
+    opd = cfg.opd
+    keys += ["opd/sampled_log_ratio"] if opd.enabled else []
+    keys += ["opd/loss", "opd/reverse_kl"] if opd.coef else []
+    keys += ["opd/candidates"] if opd.uses_candidates else []
 
     def fn(mb: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
         ids, attn = mb.get("token_ids", tr.device), mb.get("attention_mask", tr.device)
         mask, old, advantages = (mb.get(k, tr.device) for k in ("loss_mask", "old_logp", "advantages"))
         tr.set_routing(mb)
         with tr.autocast():
+            cands = mb.get("opd_cand_ids", tr.device) if opd.uses_candidates else None
             out = forward_logprobs(tr.policy, ids, attn, temperature=alg.temperature, mask=mask,
-                                   entropy="grad" if cfg.entropy_coef else "metric", hidden=want_hidden)
+                                   entropy="grad" if cfg.entropy_coef else "metric", hidden=want_hidden,
+                                   candidates=cands)
             pl = policy_loss(out.logp, old, advantages, mask, eps_low=clip.eps_low, eps_high=clip.high,
                              dual_clip_c=clip.dual_clip_c, sequence_level=alg.advantage_estimator == "gspo")
             pg = pl.loss * mb.get("mismatch_w", tr.device) if "mismatch_w" in mb.batch.extra else pl.loss
@@ -149,6 +158,20 @@ def _loss_fn(tr: TorchTrainer, n_tok: float, n_seq: float):
             per_token = 1.0 / max(n_tok, 1.0)
             m = {"pg_loss": pg_loss, "entropy": entropy, "clipfrac": pl.clipped.sum() * per_token,
                  "dual_clipfrac": pl.dual_clipped.sum() * per_token, "ratio_mean": (pl.ratio * mask).sum() * per_token}
+            if opd.enabled:
+                teacher = mb.get("teacher_logp", tr.device)
+                m["opd/sampled_log_ratio"] = ((out.logp.detach() - teacher) * mask).sum() * per_token
+            if opd.coef:
+                if opd.uses_candidates:
+                    cmask = mb.get("opd_cand_mask", tr.device) * mask[..., None]
+                    opd_loss, opd_value = candidate_reverse_kl(out.cand_logp, mb.get("opd_cand_teacher", tr.device),
+                                                               cmask, opd.weighting)
+                    m["opd/candidates"] = cmask.sum() * per_token
+                else:
+                    opd_loss, opd_value = sampled_reverse_kl(out.logp, teacher, mask)
+                m["opd/loss"] = agg(opd_loss, mask)
+                m["opd/reverse_kl"] = (opd_value.detach() * mask).sum() * per_token
+                loss = loss + opd.coef * m["opd/loss"]
             if tr.reference is not None:
                 kl = agg(kl_penalty(out.logp, mb.get("ref_logp", tr.device), cfg.kl.estimator), mask)
                 m["kl"] = kl

@@ -67,8 +67,37 @@ def check_routed(traj: Trajectory, where: str, layers: int, top_k: int, num_expe
                              f"expert ids in 0..{num_experts - 1}")
 
 
+def check_teacher(traj: Trajectory, where: str, candidates: bool, vocab_size: int | None) -> None:
+    """Teacher log-probs for every token (finite log-probs on the sampled ones); with
+    ``candidates`` also one candidate list per token with one teacher log-prob per id."""
+    n = len(traj.token_ids)
+    tl = traj.teacher_logprobs
+    if tl is None or len(tl) != n:
+        raise BatchError(f"{where}: trainer.opd needs teacher_logprobs for every token "
+                         f"(got {None if tl is None else len(tl)} for {n}); is a teacher configured (recipe opd:)?")
+    for i, (lp, m) in enumerate(zip(tl, traj.loss_mask)):
+        if m and not (math.isfinite(lp) and lp <= 1e-4):
+            raise BatchError(f"{where}: teacher_logprobs[{i}] = {lp!r} is not a log-probability")
+    if not candidates:
+        return
+    ids, lps = traj.teacher_candidate_ids, traj.teacher_candidate_logprobs
+    if ids is None or lps is None or len(ids) != n or len(lps) != n:
+        raise BatchError(f"{where}: trainer.opd.candidates needs teacher_candidate_ids and "
+                         f"teacher_candidate_logprobs with one entry per token ({n})")
+    for i, (cand, lp) in enumerate(zip(ids, lps)):
+        if len(cand) != len(lp):
+            raise BatchError(f"{where}: token {i} has {len(cand)} candidate ids but {len(lp)} teacher log-probs")
+        if len(set(cand)) != len(cand):
+            raise BatchError(f"{where}: token {i} lists a candidate id twice")
+        if vocab_size is not None and any(not 0 <= int(c) < vocab_size for c in cand):
+            raise BatchError(f"{where}: token {i} has a candidate id outside the vocabulary (0..{vocab_size - 1})")
+        if any(not (math.isfinite(x) and x <= 1e-4) for x in lp):
+            raise BatchError(f"{where}: token {i} has a teacher candidate log-prob that is not a log-probability")
+
+
 def validate_groups(groups: Sequence[Group], *, vocab_size: int | None = None, need_teacher: bool = False,
-                    std_normalization: bool = False, routing: tuple[int, int, int] | None = None) -> None:
+                    std_normalization: bool = False, routing: tuple[int, int, int] | None = None,
+                    need_candidates: bool = False) -> None:
     """Raise :class:`BatchError` (naming group and trajectory) unless every group can be trained on.
     ``routing`` = (MoE layers, top_k, experts) checks routed experts for replay."""
     if not groups:
@@ -94,11 +123,8 @@ def validate_groups(groups: Sequence[Group], *, vocab_size: int | None = None, n
                     raise BatchError(f"{where}: rollout_logprobs[{i}] = {lp!r} is not a log-probability")
             if routing is not None and traj.routed_experts is not None:
                 check_routed(traj, where, *routing)
-            if need_teacher:
-                tl = traj.teacher_logprobs
-                if tl is None or len(tl) != len(traj.token_ids):
-                    raise BatchError(f"{where}: trainer.opd.beta > 0 needs teacher_logprobs for every token "
-                                     f"(got {None if tl is None else len(tl)} for {len(traj.token_ids)})")
+            if need_teacher or need_candidates:
+                check_teacher(traj, where, need_candidates, vocab_size)
 
 
 def as_sft_rows(batch: Sequence[Any], vocab_size: int | None = None) -> list[SFTRow]:

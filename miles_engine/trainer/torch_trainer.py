@@ -192,16 +192,18 @@ class TorchTrainer:
     # ------------------------------------------------------------------ public API
     def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
         """One RL step on whole groups: ``ppo_epochs x minibatches`` optimizer steps."""
-        validate_groups(groups, vocab_size=self.vocab_size, need_teacher=self.config.opd.beta > 0,
-                        std_normalization=self.config.uses_std_normalization, routing=self.routing)
+        validate_groups(groups, vocab_size=self.vocab_size, need_teacher=self.config.opd.enabled,
+                        std_normalization=self.config.uses_std_normalization, routing=self.routing,
+                        need_candidates=self.config.opd.uses_candidates)
         parts = min(self.config.minibatches, len(groups))
         return self.train_minibatches(split_groups(groups, parts))
 
     def train_minibatches(self, minibatches: Sequence[Sequence[Group]]) -> dict[str, float]:
         """``train_step`` on pre-split minibatches (a rank's share; lists may be empty)."""
         t0 = time.perf_counter()
-        batch = from_groups(minibatches, teacher=self.config.opd.beta > 0, pad_id=self.pad_id,
-                            routing=self.routing[:2] if self.routing else None)
+        batch = from_groups(minibatches, teacher=self.config.opd.enabled, pad_id=self.pad_id,
+                            routing=self.routing[:2] if self.routing else None,
+                            candidates=self.config.opd.uses_candidates)
         metrics = rl_step.prepare(self, batch)
         t1 = time.perf_counter()
         metrics.update(rl_step.update(self, batch, len(minibatches)))
