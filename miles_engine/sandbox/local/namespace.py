@@ -230,18 +230,18 @@ async def launch(
             os.chown(new_root, *ids)
         argv = unshare_init_argv(tools, ops, unshare_net=not public_network, new_root=new_root, hostname=hostname)
     log_path = os.path.join(scratch_dir, "init.log")
+    plan = process.spawn_plan(argv, process.Limits(), ids, no_new_privs=False, die_with_parent=True)
     with open(log_path, "wb") as log:
         init = await asyncio.to_thread(
             subprocess.Popen,
-            argv,
+            plan.argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=log,
             env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
             start_new_session=True,
             close_fds=True,
-            preexec_fn=process.make_preexec(process.Limits(), no_new_privs=False, die_with_parent=True),
-            **({"user": ids[0], "group": ids[1], "extra_groups": []} if ids else {}),
+            **plan.popen_kwargs,
         )
     assert init.stdout is not None
     line = await process.read_line(init.stdout, timeout_s)

@@ -74,6 +74,62 @@ def make_preexec(limits: Limits, *, no_new_privs: bool, die_with_parent: bool) -
     return preexec
 
 
+_PRLIMIT_FLAGS = {resource.RLIMIT_CORE: "--core", resource.RLIMIT_CPU: "--cpu", resource.RLIMIT_AS: "--as",
+                  resource.RLIMIT_NOFILE: "--nofile", resource.RLIMIT_FSIZE: "--fsize",
+                  resource.RLIMIT_NPROC: "--nproc"}
+_wrapper_tools: tuple[str, str] | None | bool = False  # False: not looked up yet
+
+
+def wrapper_tools() -> tuple[str, str] | None:
+    """``(prlimit, setpriv)`` when both exist and setpriv knows ``--pdeathsig`` (util-linux ≥ 2.33)."""
+    global _wrapper_tools
+    if _wrapper_tools is False:
+        found = [next((p for d in ("/usr/bin", "/bin") if os.access(p := f"{d}/{n}", os.X_OK)), None)
+                 for n in ("prlimit", "setpriv")]
+        ok = all(found)
+        if ok:
+            try:
+                ok = "--pdeathsig" in subprocess.run([found[1], "--help"], capture_output=True, text=True,
+                                                     timeout=10).stdout
+            except (OSError, subprocess.SubprocessError):
+                ok = False
+        _wrapper_tools = (found[0], found[1]) if ok else None  # type: ignore[assignment]
+    return _wrapper_tools  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """How to start a sandboxed command: the argv to exec and the extra ``Popen`` arguments."""
+
+    argv: list[str]
+    popen_kwargs: dict
+
+
+def spawn_plan(argv: Sequence[str], limits: Limits, ids: tuple[int, int] | None, *, no_new_privs: bool,
+               die_with_parent: bool) -> Spawn:
+    """Apply rlimits, the uid drop and the parent-death signal with util-linux ``prlimit`` and
+    ``setpriv`` exec'd in front of the command, so ``Popen`` needs no ``preexec_fn`` and no
+    ``user``/``group``: CPython then starts the child with vfork (~2 ms) instead of a full fork of
+    this process (50+ ms at the ~1 GB a training driver holds). Falls back to ``preexec_fn``
+    where the tools are missing. setpriv sets the parent-death signal after its uid change
+    (a credential change clears it), so it still holds for the command."""
+    tools = wrapper_tools()
+    if tools is None:
+        kw: dict = {"preexec_fn": make_preexec(limits, no_new_privs=no_new_privs, die_with_parent=die_with_parent)}
+        if ids:
+            kw.update(user=ids[0], group=ids[1], extra_groups=[])
+        return Spawn(list(argv), kw)
+    prlimit, setpriv = tools
+    wrapped = [prlimit, *(f"{_PRLIMIT_FLAGS[res]}={soft}:{hard}" for res, soft, hard in limits.pairs()), "--", setpriv]
+    if ids:
+        wrapped += ["--reuid", str(ids[0]), "--regid", str(ids[1]), "--clear-groups"]
+    if die_with_parent:
+        wrapped += ["--pdeathsig", "KILL"]
+    if no_new_privs:
+        wrapped.append("--no-new-privs")
+    return Spawn([*wrapped, "--", *argv], {})
+
+
 @dataclass(frozen=True)
 class RawResult:
     exit_code: int | None  # None when killed on timeout; 128+N when killed by signal N
@@ -206,7 +262,8 @@ async def run(
     env: Mapping[str, str],
     cwd: str | None,
     ids: tuple[int, int] | None,
-    preexec: Callable[[], None],
+    limits: Limits,
+    no_new_privs: bool,
     stdin: bytes | None,
     timeout_s: float,
     max_output: int,
@@ -217,19 +274,19 @@ async def run(
     """Run ``argv`` in a new session; never raises because of what the command did."""
     loop = asyncio.get_running_loop()
     start = time.monotonic()
+    plan = spawn_plan(argv, limits, ids, no_new_privs=no_new_privs, die_with_parent=True)
     try:
         proc = await asyncio.to_thread(  # fork+exec off the loop: 64 sandboxes start in parallel
             subprocess.Popen,
-            list(argv),
+            plan.argv,
             stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=dict(env),
             cwd=cwd,
             start_new_session=True,
-            preexec_fn=preexec,
             close_fds=True,
-            **({"user": ids[0], "group": ids[1], "extra_groups": []} if ids else {}),
+            **plan.popen_kwargs,
         )
     except OSError as exc:  # report like a shell (or env -C) would
         if cwd is not None and exc.filename == cwd:
