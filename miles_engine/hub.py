@@ -37,8 +37,10 @@ CORE_DISTRIBUTION = "miles-engine"
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "miles_engine.sandbox.local.plugin",
     "miles_engine.agents.plugin",
+    "miles_engine.rewards.plugin",
     "miles_engine.tito.plugin",
     "miles_engine.recipes_plugin",
+    "miles_engine.teachers.plugin",
 )
 
 HOOK_FOR_KIND: dict[ComponentKind, str] = {

@@ -12,10 +12,12 @@ from miles_engine.cli.common import console, echo_json, table
 from miles_engine.config.recipe import RecipeConfig, load_recipe
 from miles_engine.environments.capabilities import preflight
 from miles_engine.hub import Hub
+from miles_engine.rewards.stack import build_reward_stack
 from miles_engine.rollout.episode import EpisodeResult, run_episode
 
 
 async def _evaluate(hub: Hub, cfg: RecipeConfig) -> list[EpisodeResult]:
+    reward = build_reward_stack(hub, cfg.reward)  # components acquire resources lazily: nothing to close yet
     source = hub.create("environment", cfg.environment.name, cfg.environment.options, where="environment.options")
     backend = hub.create("sandbox", cfg.sandbox.backend, cfg.sandbox.options, where="sandbox.options")
     try:
@@ -31,11 +33,13 @@ async def _evaluate(hub: Hub, cfg: RecipeConfig) -> list[EpisodeResult]:
     async def one(task_id: str) -> EpisodeResult:
         async with gate:
             agent = hub.create("agent", cfg.agent.name, cfg.agent.options, where="agent.options")
-            return await run_episode(source.load_task(task_id), agent, backend)
+            return await run_episode(source.load_task(task_id), agent, backend, reward=reward)
 
     try:
         return list(await asyncio.gather(*(one(t) for t in ids for _ in range(cfg.eval.attempts))))
     finally:
+        if reward is not None:
+            await reward.aclose()
         await backend.aclose()
 
 

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from miles_engine.config.errors import format_validation_error
 from miles_engine.metrics import MetricsConfig
+from miles_engine.rewards.config import RewardConfig
 from miles_engine.rollout.buffer import BufferOptions
 from miles_engine.train.config import (
     EngineConfig,
@@ -62,6 +63,7 @@ class RecipeConfig(Section):
     sandbox: SandboxRef = Field(default_factory=SandboxRef)
     agent: ComponentRef = Field(default_factory=lambda: ComponentRef(name="oracle"))
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     chat_family: ComponentRef = Field(default_factory=lambda: ComponentRef(name="chatml"))
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     model: TinyModelConfig = Field(default_factory=TinyModelConfig)
@@ -107,6 +109,8 @@ def load_recipe(ref: str | Path, overrides: list[str] | None = None, hub: Hub | 
         "agent": ("agent", recipe.agent.name, recipe.agent.options),
         "chat_family": ("chat_family", recipe.chat_family.name, recipe.chat_family.options),
     }
+    for i, ref in enumerate(recipe.reward.components or []):
+        refs[f"reward.components.{i}"] = ("reward", ref.name, ref.options)
     for section, (kind, name, options) in refs.items():
         try:
             comp = hub.component(kind, name)  # type: ignore[arg-type]

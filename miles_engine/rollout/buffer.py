@@ -30,7 +30,13 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from miles_engine.errors import MilesError
-from miles_engine.rollout.filters import GroupFilter, apply_failure_policy, failure_reason, user_filter_reason
+from miles_engine.rollout.filters import (
+    GroupFilter,
+    RewardErrorPolicy,
+    apply_failure_policy,
+    failure_reason,
+    user_filter_reason,
+)
 from miles_engine.rollout.staleness import DEFAULT_LENGTH_EDGES, GroupStaleness, LengthBuckets, group_staleness
 from miles_engine.rollout.types import Group
 
@@ -69,8 +75,10 @@ def _agg(values: Sequence[float], prefix: str) -> dict[str, float]:
 
 
 class AsyncBuffer:
-    def __init__(self, options: BufferOptions | None = None, *, filter_fn: GroupFilter | None = None) -> None:
+    def __init__(self, options: BufferOptions | None = None, *, filter_fn: GroupFilter | None = None,
+                 on_reward_error: RewardErrorPolicy = None) -> None:
         self.options = options or BufferOptions()
+        self.on_reward_error = on_reward_error  # the recipe's reward.on_error (see filters)
         if filter_fn is None and self.options.filter:
             from miles_engine.loader import load_object
 
@@ -156,7 +164,8 @@ class AsyncBuffer:
         """Filter ``group`` and enqueue it (waiting while full). ``False`` if it was dropped."""
         if self._closed is not None:
             raise BufferClosed(self._closed)
-        verdict = apply_failure_policy(group, self.options.partial_failure, self.options.min_group_size)
+        verdict = apply_failure_policy(group, self.options.partial_failure, self.options.min_group_size,
+                                       self.on_reward_error)
         self.failed_trajectories.update(verdict.failures)
         if verdict.removed:
             self.lengths.record(verdict.removed, accepted=False)

@@ -16,6 +16,7 @@ from typing import Any
 from miles_engine.agents.protocol import Agent, AgentResult
 from miles_engine.environments.protocol import EpisodeContext, Message, NoReferenceSolution, RewardResult, Task
 from miles_engine.errors import SandboxUnsupportedError
+from miles_engine.rewards.protocol import RewardFunction
 from miles_engine.sandbox.protocol import SandboxBackend
 
 
@@ -30,6 +31,9 @@ class EpisodeResult:
     # what the task and agent left in the episode context (e.g. TITO trajectories), kept
     # even when the agent timed out
     info: dict[str, Any] = field(default_factory=dict)
+    # the verifier (the task's or the recipe's reward stack) ran and gave no usable reward, as
+    # opposed to an episode that failed before it could be verified (setup, no solution)
+    reward_error: bool = False
 
     @property
     def ok(self) -> bool:
@@ -53,8 +57,10 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-async def run_episode(task: Task, agent: Agent, backend: SandboxBackend | None) -> EpisodeResult:
-    """Run ``agent`` on ``task`` in a fresh sandbox from ``backend`` (``None`` for sandbox-less tasks)."""
+async def run_episode(task: Task, agent: Agent, backend: SandboxBackend | None, *,
+                      reward: RewardFunction | None = None) -> EpisodeResult:
+    """Run ``agent`` on ``task`` in a fresh sandbox from ``backend`` (``None`` for sandbox-less tasks),
+    scored by ``reward`` (a recipe's reward stack) or, when ``None``, by the task's own verifier."""
     timings: dict[str, float] = {}
     spec = task.sandbox_spec()
     if spec is not None and backend is None:
@@ -66,9 +72,10 @@ async def run_episode(task: Task, agent: Agent, backend: SandboxBackend | None) 
     if backend is not None:  # tasks needing a second sandbox (Harbor's separate verifier) create and close it
         ctx.info["sandbox_factory"] = backend.create
     agent_result = AgentResult(stop_reason="not_started")
-    reward: RewardResult
+    verdict: RewardResult
+    verified = False
     try:
-        reward = await _drive(task, agent, ctx, timings)
+        verdict, verified = await _drive(task, agent, ctx, timings, reward)
         agent_result = ctx.info.pop("agent_result", agent_result)
     finally:
         t0 = time.perf_counter()
@@ -81,15 +88,18 @@ async def run_episode(task: Task, agent: Agent, backend: SandboxBackend | None) 
         timings["teardown_s"] = time.perf_counter() - t0
     isolation = getattr(sandbox, "isolation", None)
     info = {k: v for k, v in ctx.info.items() if k != "sandbox_factory"}
-    return EpisodeResult(task.id, reward, agent_result, ctx.transcript, timings, isolation, info)
+    return EpisodeResult(task.id, verdict, agent_result, ctx.transcript, timings, isolation, info,
+                         reward_error=verified and verdict.reward is None)
 
 
-async def _drive(task: Task, agent: Agent, ctx: EpisodeContext, timings: dict[str, float]) -> RewardResult:
+async def _drive(task: Task, agent: Agent, ctx: EpisodeContext, timings: dict[str, float],
+                 scorer: RewardFunction | None) -> tuple[RewardResult, bool]:
+    """The verdict, and whether the verifier ran (``False``: the episode failed before it)."""
     t0 = time.perf_counter()
     try:
         await task.setup(ctx)
     except Exception as exc:
-        return RewardResult.failed(f"setup of task '{task.id}' failed: {_describe(exc)}")
+        return RewardResult.failed(f"setup of task '{task.id}' failed: {_describe(exc)}"), False
     t1 = time.perf_counter()
     timings["setup_s"] = t1 - t0
     try:
@@ -97,14 +107,18 @@ async def _drive(task: Task, agent: Agent, ctx: EpisodeContext, timings: dict[st
     except asyncio.TimeoutError:
         result = AgentResult(stop_reason="timeout")
     except NoReferenceSolution as exc:
-        return RewardResult.failed(str(exc))
+        return RewardResult.failed(str(exc)), False
     except Exception as exc:
         result = AgentResult(stop_reason="error", info={"error": _describe(exc)})
     ctx.info["agent_result"] = result
     t2 = time.perf_counter()
     timings["agent_s"] = t2 - t1
     try:
-        reward = await asyncio.wait_for(task.verify(ctx), timeout=task.limits.verifier_timeout_s)
+        scoring = scorer.score(ctx) if scorer is not None else task.verify(ctx)
+        reward = await asyncio.wait_for(scoring, timeout=task.limits.verifier_timeout_s)
+        if not isinstance(reward, RewardResult):
+            reward = RewardResult.failed(f"verifier of task '{task.id}' returned {type(reward).__name__}, "
+                                         f"not a RewardResult")
     except asyncio.TimeoutError:
         reward = RewardResult.failed(
             f"verifier of task '{task.id}' timed out after {task.limits.verifier_timeout_s:g}s"
@@ -112,4 +126,4 @@ async def _drive(task: Task, agent: Agent, ctx: EpisodeContext, timings: dict[st
     except Exception as exc:
         reward = RewardResult.failed(f"verifier of task '{task.id}' failed: {_describe(exc)}")
     timings["verify_s"] = time.perf_counter() - t2
-    return reward
+    return reward, True

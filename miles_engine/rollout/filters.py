@@ -12,6 +12,13 @@ with some failed trajectories (a group whose trajectories all failed is always d
   policy; this selects against long, timing-out episodes — watch the length-bucket acceptance);
 - ``drop_group``: the whole group is dropped.
 
+A trajectory kept with reward 0.0 gets status ``"ok"`` (the trainer trains on ``ok`` rows only);
+its failure stays visible in ``tags["failure"]`` and ``error``.
+
+Verifier failures (status ``reward_error``) follow the recipe's ``reward.on_error`` when it is
+set — ``drop``: the whole group is dropped (reason ``reward_error``); ``zero``: the trajectory is
+kept with reward 0.0 whatever ``partial_failure`` says — and ``partial_failure`` otherwise.
+
 After removal, a group with fewer than ``min_group_size`` trajectories is dropped.
 """
 
@@ -21,12 +28,14 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from miles_engine.rollout.types import Group, Trajectory
 
 log = logging.getLogger(__name__)
 GroupFilter = Callable[[Group], Any]
+RewardErrorPolicy = Literal["drop", "zero"] | None
+REWARD_ERROR = "reward_error"
 
 
 def failure_reason(t: Trajectory) -> str | None:
@@ -44,8 +53,9 @@ class FailureVerdict:
     removed: list[Trajectory] = field(default_factory=list)  # trajectories taken out of a kept group
 
 
-def apply_failure_policy(group: Group, policy: str, min_group_size: int) -> FailureVerdict:
-    """Apply ``policy`` to ``group`` (mutates it when kept)."""
+def apply_failure_policy(group: Group, policy: str, min_group_size: int,
+                         on_reward_error: RewardErrorPolicy = None) -> FailureVerdict:
+    """Apply ``policy`` (and ``on_reward_error`` to verifier failures) to ``group`` (mutates it when kept)."""
     reasons = [failure_reason(t) for t in group.trajectories]
     verdict = FailureVerdict(failures=[r for r in reasons if r is not None])
     if not group.trajectories or len(verdict.failures) == len(group.trajectories):
@@ -53,15 +63,20 @@ def apply_failure_policy(group: Group, policy: str, min_group_size: int) -> Fail
         return verdict
     if not verdict.failures:
         return verdict
-    if policy == "drop_group":
+    if on_reward_error == "drop" and REWARD_ERROR in reasons:
+        verdict.drop = REWARD_ERROR
+        return verdict
+    zero_reward_errors = on_reward_error == "zero"
+    general = [r for r in verdict.failures if not (zero_reward_errors and r == REWARD_ERROR)]
+    if policy == "drop_group" and general:
         verdict.drop = "partial_failure"
         return verdict
     keep: list[Trajectory] = []
     for t, r in zip(group.trajectories, reasons):
         if r is None:
             keep.append(t)
-        elif policy == "zero_reward" and t.num_sampled > 0:
-            t.reward, t.tags["failure"] = 0.0, r
+        elif (policy == "zero_reward" or (zero_reward_errors and r == REWARD_ERROR)) and t.num_sampled > 0:
+            t.reward, t.status, t.tags["failure"] = 0.0, "ok", r
             keep.append(t)
         else:
             verdict.removed.append(t)

@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-TrajectoryStatus = Literal["ok", "failed", "timeout", "aborted"]
+# reward_error: the episode ran but its verifier gave no usable reward (see rewards.config.RewardConfig)
+TrajectoryStatus = Literal["ok", "failed", "timeout", "aborted", "reward_error"]
 
 
 @dataclass

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from miles_engine.agents.protocol import Agent
+from miles_engine.rewards.protocol import RewardFunction
 from miles_engine.rollout.episode import EpisodeResult, run_episode
 from miles_engine.rollout.types import Trajectory
 from miles_engine.sandbox.protocol import SandboxBackend
@@ -44,7 +45,7 @@ def to_trajectory(task: Any, result: EpisodeResult) -> Trajectory:
     calls = sum(1 for m in result.transcript if m.get("role") == "assistant" and m.get("tool_calls"))
     status = "ok"
     if result.reward.reward is None:
-        status = "failed"
+        status = "reward_error" if result.reward_error else "failed"
     elif result.agent.stop_reason == "timeout":
         status = "timeout"
     traj = Trajectory(
@@ -76,15 +77,17 @@ class EpisodeTrajectories:
     """``run_trajectory(task_ref, attempt) -> Trajectory`` for the scheduler: each attempt loads
     a fresh task object, so the attempts of a group never share task state."""
 
-    def __init__(self, backend: SandboxBackend, make_agent: Callable[[], Agent], source: Any) -> None:
+    def __init__(self, backend: SandboxBackend, make_agent: Callable[[], Agent], source: Any,
+                 reward: RewardFunction | None = None) -> None:
         self.backend = backend
+        self.reward = reward  # the recipe's reward stack; None: the task's own verifier
         self.make_agent = make_agent
         self.source = source
         self._seen_errors: set[str] = set()
 
     async def __call__(self, ref: Any, attempt: int) -> Trajectory:
         task = self.source.load_task(ref.id) if hasattr(ref, "id") and not hasattr(ref, "verify") else ref
-        result = await run_episode(task, self.make_agent(), self.backend)
+        result = await run_episode(task, self.make_agent(), self.backend, reward=self.reward)
         traj = to_trajectory(task, result)
         traj.index = attempt
         if traj.status != "ok" and traj.error:

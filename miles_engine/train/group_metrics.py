@@ -30,5 +30,6 @@ def group_metrics(groups: Sequence[Group]) -> dict[str, float]:
     sampled = [t.num_sampled for t in trajs]
     if sampled:
         out["rollout/sampled_tokens"] = statistics.fmean(sampled)
-    out["rollout/failed"] = float(sum(t.status != "ok" for t in trajs))
+    # a failed attempt kept with reward 0.0 has status "ok" and tags["failure"]
+    out["rollout/failed"] = float(sum(t.status != "ok" or "failure" in t.tags for t in trajs))
     return out

@@ -72,7 +72,7 @@ class TrainingStack:
             self.resumed = await asyncio.to_thread(checkpoint.load_latest, self.run_dir)
             self.checkpoint_metrics["checkpoint/load_s"] = time.perf_counter() - t0
         cfg.trainer.check_group_size(cfg.rollout.group_size, "rollout.group_size")
-        self.buffer = AsyncBuffer(cfg.buffer)
+        self.buffer = AsyncBuffer(cfg.buffer, on_reward_error=cfg.reward.on_error)
         validate_mode(cfg.rollout.mode, colocated=cfg.placement.colocated,
                       groups_per_step=cfg.rollout.groups_per_step, buffer=self.buffer)
         self.source = hub.create("environment", cfg.environment.name, cfg.environment.options,
@@ -91,11 +91,19 @@ class TrainingStack:
         self.server = await self._start_server()
         from miles_engine.weights import create_transport
 
-        self.transport = create_transport(cfg.weights.transport, self.engine)
+        self.transport = create_transport(cfg.weights.transport, self.engine, **self._transport_options())
         self._closers.insert(0, self.transport.close)
+        preflight = getattr(self.transport, "preflight", None)
+        if preflight is not None:  # disk_delta: what the trainer exports must match its baseline, before training
+            await preflight(await asyncio.to_thread(lambda: list(self.trainer.named_tensors())))
         from miles_engine.train.episodes import EpisodeTrajectories
 
-        run = EpisodeTrajectories(self.backend, self._make_agent, self.source)
+        from miles_engine.rewards.stack import build_reward_stack
+
+        self.reward = build_reward_stack(hub, cfg.reward)
+        if self.reward is not None:
+            self._closers.append(self.reward.aclose)
+        run = EpisodeTrajectories(self.backend, self._make_agent, self.source, self.reward)
         opts = SchedulerOptions(group_size=cfg.rollout.group_size, max_inflight=cfg.rollout.max_inflight,
                                 episode_timeout_s=cfg.rollout.episode_timeout_s)
         rollout = self.resumed.rollout if self.resumed is not None else checkpoint.RolloutState(cursor=0)
@@ -193,6 +201,12 @@ class TrainingStack:
         server = await start_session_server(self.engine, self.codec)
         self._closers[:0] = [close_pools, server.stop]
         return server
+
+    def _transport_options(self) -> dict[str, Any]:
+        w = self.cfg.weights
+        if w.transport != "disk_delta":
+            return {}
+        return {**w.disk_delta.model_dump(), "root": w.disk_delta.root or str(self.run_dir / "weights")}
 
     def _make_agent(self) -> Any:
         options = {**self.cfg.agent.options, "server_url": self.server.url}
