@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from miles_engine.weights.disk_delta.options import DiskDeltaOptions
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -56,7 +58,9 @@ class RolloutConfig(_Section):
 
 
 class WeightsConfig(_Section):
-    transport: Literal["colocated", "broadcast"] = "colocated"
+    transport: Literal["colocated", "broadcast", "disk_delta"] = "colocated"
+    disk_delta: DiskDeltaOptions = Field(default_factory=DiskDeltaOptions,
+                                         description="options of transport=disk_delta (root default: RUN_DIR/weights)")
 
 
 class RunConfig(_Section):
