@@ -10,7 +10,7 @@ import click
 
 from miles_engine.cli.common import console, echo_json, table
 from miles_engine.config.recipe import RecipeConfig, load_recipe
-from miles_engine.environments.capabilities import preflight
+from miles_engine.environments.capabilities import close_environment, preflight
 from miles_engine.hub import Hub
 from miles_engine.rewards.stack import build_reward_stack
 from miles_engine.rollout.episode import EpisodeResult, run_episode
@@ -24,6 +24,7 @@ async def _evaluate(hub: Hub, cfg: RecipeConfig) -> list[EpisodeResult]:
         preflight(source, cfg.sandbox.backend, backend)
     except BaseException:
         await backend.aclose()
+        await close_environment(source)
         raise
     ids = cfg.eval.tasks or [ref.id for ref in source.list_tasks()]
     if cfg.eval.limit:
@@ -41,6 +42,7 @@ async def _evaluate(hub: Hub, cfg: RecipeConfig) -> list[EpisodeResult]:
         if reward is not None:
             await reward.aclose()
         await backend.aclose()
+        await close_environment(source)
 
 
 @click.command("eval")

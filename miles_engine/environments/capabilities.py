@@ -163,3 +163,10 @@ def preflight(source: EnvironmentSource, backend_name: str | None, backend: Any 
     name = getattr(source, "name", type(source).__name__)
     check_environment(name, caps, backend_name, backend.capabilities() if backend is not None else None)
     return caps
+
+
+async def close_environment(source: EnvironmentSource) -> None:
+    """Release what a source holds (e.g. a server it started): its optional ``aclose()``."""
+    close = getattr(source, "aclose", None)
+    if close is not None:
+        await close()

@@ -77,6 +77,9 @@ class TrainingStack:
                       groups_per_step=cfg.rollout.groups_per_step, buffer=self.buffer)
         self.source = hub.create("environment", cfg.environment.name, cfg.environment.options,
                                  where="environment.options")
+        from miles_engine.environments.capabilities import close_environment
+
+        self._closers.append(lambda: close_environment(self.source))
         self.backend = hub.create("sandbox", cfg.sandbox.backend, cfg.sandbox.options, where="sandbox.options")
         self._closers.append(self.backend.aclose)
         self.tasks = TaskStream(self.source, seed=cfg.rollout.task_seed)

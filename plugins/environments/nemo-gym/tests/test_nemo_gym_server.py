@@ -82,3 +82,25 @@ def test_a_dropped_source_kills_its_server(rows_file):
     del source
     gc.collect()
     assert not group_alive(pgid)
+
+
+def test_miles_eval_runs_the_rows_and_stops_the_server_it_started(rows_file, tmp_path):
+    import socket
+
+    import yaml
+
+    from miles_engine.cli.eval_cmd import _evaluate
+    from miles_engine.config.recipe import load_recipe
+    from miles_engine.hub import Hub
+
+    port = free_port()
+    recipe = tmp_path / "nemo.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "environment": {"name": "nemo-gym", "options": {
+            "jsonl": str(rows_file), "server": {"command": server_command(port), "url": f"http://127.0.0.1:{port}"}}},
+        "agent": {"name": "nop"}, "eval": {"jobs": 2}}))
+    hub = Hub()
+    results = asyncio.run(_evaluate(hub, load_recipe(str(recipe), [], hub)))
+    assert [r.reward.reward for r in results] == [0.0] * 4  # the no-op agent never answers
+    with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
+        pass  # nothing listens any more: the server's process group was killed
