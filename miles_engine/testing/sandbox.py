@@ -5,7 +5,7 @@ A plugin's tests subclass :class:`SandboxContract` and implement :meth:`make_bac
     from miles_engine.testing.sandbox import SandboxContract
 
     class TestMyBackendContract(SandboxContract):
-        def make_backend(self):
+        def make_backend(self):  # or make_backend(self, request) to use other fixtures
             return MyBackend(MyOptions())
 
 Every ``test_*`` method below then runs against that backend. All tests of one class share
@@ -25,6 +25,7 @@ sweep tests. The suite needs ``bash`` and coreutils in the sandbox's default ima
 from __future__ import annotations
 
 import asyncio
+import inspect
 import secrets
 import socket
 import time
@@ -63,8 +64,10 @@ class SandboxContract:
     exercise_sweep: ClassVar[bool] = True
 
     # ------------------------------------------------------------------ hooks
-    def make_backend(self) -> SandboxBackend | Awaitable[SandboxBackend]:
-        """Build the backend under test (called once per class, inside its event loop)."""
+    def make_backend(self, *args: Any) -> SandboxBackend | Awaitable[SandboxBackend]:
+        """Build the backend under test (called once per class, inside its event loop; may be
+        async). Declared as ``make_backend(self, request)`` it gets the pytest request, to
+        reach other fixtures with ``request.getfixturevalue(name)``."""
         raise NotImplementedError("subclass SandboxContract and implement make_backend()")
 
     async def labels_of(self, backend: SandboxBackend, sandbox: Sandbox) -> dict[str, str] | None:
@@ -92,9 +95,14 @@ class SandboxContract:
 
     @pytest.fixture(scope="class")
     @classmethod
-    def sandbox_backend(cls, contract_loop: asyncio.AbstractEventLoop) -> Iterator[SandboxBackend]:
+    def sandbox_backend(
+        cls, contract_loop: asyncio.AbstractEventLoop, request: pytest.FixtureRequest
+    ) -> Iterator[SandboxBackend]:
+        instance = cls()
+        wants_request = len(inspect.signature(instance.make_backend).parameters) > 0
+
         async def build() -> SandboxBackend:
-            made = cls().make_backend()
+            made = instance.make_backend(request) if wants_request else instance.make_backend()
             return await made if asyncio.iscoroutine(made) else made  # type: ignore[return-value]
 
         backend = contract_loop.run_until_complete(build())

@@ -1,0 +1,194 @@
+"""The Docker sandbox backend: one container per sandbox, driven through the docker CLI."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+
+from miles_engine.errors import SandboxError
+from miles_engine.sandbox.protocol import RUN_LABEL, SANDBOX_LABEL, Capabilities, SandboxSpec, check_supported
+from miles_engine.sandbox.remote import retry_idempotent, run_id_for, sandbox_labels
+
+from miles_sandbox_docker import images
+from miles_sandbox_docker.cli import DockerCli, NoSuchContainer, classify
+from miles_sandbox_docker.options import DockerSandboxOptions
+from miles_sandbox_docker.sandbox import DockerSandbox
+from miles_sandbox_docker.scripts import KEEPALIVE, SETUP
+
+log = logging.getLogger(__name__)
+BACKEND_LABEL = "miles.backend"
+
+
+class DockerSandboxBackend:
+    """Containers on a Docker engine. Every container is labelled with the run id
+    (``miles.run``) and its sandbox id, and ``sweep(run_id)`` removes a run's leftovers."""
+
+    name = "docker"
+
+    def __init__(self, options: DockerSandboxOptions | None = None) -> None:
+        self.options = options or DockerSandboxOptions()
+        o = self.options
+        self.cli = DockerCli(o.binary, o.host, o.call_timeout_s)
+        self.run_id = o.run_id
+        self._live: set[DockerSandbox] = set()
+
+    def capabilities(self) -> Capabilities:
+        o = self.options
+        return Capabilities(
+            isolation="container",
+            network_modes=frozenset({"none", "public"}),
+            images=True,
+            dockerfile_build=True,
+            absolute_paths=True,
+            run_as_user=True,
+            gpus=o.gpus,
+            max_cpus=o.max_cpus,
+            max_memory_mb=o.max_memory_mb,
+        )
+
+    async def ping(self) -> str:
+        """The engine's version; raises the one-line unreachable error when there is none."""
+        res = await self.cli.run(["version", "--format", "{{.Server.Version}}"], what="docker version", timeout_s=10)
+        return res.stdout.decode().strip()
+
+    # ---------------------------------------------------------------- create
+    async def create(self, spec: SandboxSpec) -> DockerSandbox:
+        check_supported(spec, self.capabilities(), backend=self.name)
+        o = self.options
+        run_id = run_id_for(spec, self.run_id)
+        if spec.build is not None:
+            image = await images.ensure_build(
+                self.cli, spec.build, run_id=run_id, timeout_s=o.build_timeout_s, retry=o.retry
+            )
+        else:
+            image = spec.image or o.default_image
+            await images.ensure_image(self.cli, image, pull=o.pull, timeout_s=o.pull_timeout_s, retry=o.retry)
+        sandbox_id = "sbx-" + secrets.token_hex(6)
+        container = "miles-" + sandbox_id
+        labels = sandbox_labels(spec, sandbox_id=sandbox_id, run_id=run_id, extra={BACKEND_LABEL: self.name})
+        sb = DockerSandbox(self, spec, sandbox_id, container)
+        self._live.add(sb)
+        try:
+            await self._run_container(container, image, spec, labels)
+            await self._setup(sb)
+            if spec.files:
+                await sb.put_files(spec.files)
+        except BaseException:
+            await asyncio.shield(sb.close())
+            raise
+        return sb
+
+    def run_args(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str]) -> list[str]:
+        """The ``docker run`` arguments for a spec (public for tests and debugging)."""
+        o, res = self.options, spec.resources
+        args = ["run", "--detach", "--init", "--rm", "--pull", "never", "--name", container]
+        for key, value in labels.items():
+            args += ["--label", f"{key}={value}"]
+        args += ["--network", "none" if spec.network.mode == "none" else o.public_network]
+        args += ["--hostname", container[:63]]
+        if res.cpus:
+            args += ["--cpus", f"{res.cpus:g}"]
+        if res.memory_mb:
+            args += ["--memory", f"{res.memory_mb}m", "--memory-swap", f"{res.memory_mb}m"]
+        if res.disk_mb and o.enforce_disk:
+            args += ["--storage-opt", f"size={res.disk_mb}M"]
+        if res.gpus:
+            args += ["--gpus", str(res.gpus)]
+        if o.pids_limit:
+            args += ["--pids-limit", str(o.pids_limit)]
+        for key, value in spec.env.items():
+            args += ["--env", f"{key}={value}"]
+        if spec.user:
+            args += ["--user", spec.user]
+        args += ["--workdir", spec.workdir or "/", "--entrypoint", "/bin/sh", image, "-c", KEEPALIVE, "miles-keepalive"]
+        args.append(f"{spec.ttl_s:g}" if spec.ttl_s else "")
+        return args
+
+    async def _run_container(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str]) -> None:
+        what = f"start container for image '{image}'"
+        args = self.run_args(container, image, spec, labels)
+        tries = 0
+
+        async def attempt() -> None:
+            nonlocal tries
+            tries += 1
+            res = await self.cli.run(args, what=what, check=False)
+            if res.rc == 0:
+                return
+            if tries > 1 and "conflict" in res.err.lower() and await self._is_ours(container, labels[SANDBOX_LABEL]):
+                return  # our earlier attempt did start it; only its answer was lost
+            raise classify(what, res.err)
+
+        await retry_idempotent(attempt, what=what, policy=self.options.retry)
+
+    async def _is_ours(self, container: str, sandbox_id: str) -> bool:
+        res = await self.cli.run(
+            ["container", "inspect", "--format", '{{index .Config.Labels "' + SANDBOX_LABEL + '"}}', container],
+            what=f"inspect container {container}",
+            check=False,
+        )
+        return res.rc == 0 and res.stdout.decode().strip() == sandbox_id
+
+    async def _setup(self, sb: DockerSandbox) -> None:
+        """Create the spec's paths (as root; handed to the spec's user) and prove /bin/sh works."""
+        spec = sb.spec
+        dirs = sorted({*spec.paths, spec.workdir or "/"} - {"/"})
+        what = f"prepare sandbox {sb.id}"
+        script = SETUP + ('chown -- "$MILES_OWNER" "$@"\n' if spec.user else "")
+        args = ["exec", "-u", "0"] + (["-e", f"MILES_OWNER={spec.user}"] if spec.user else [])
+        args += [sb.container, "/bin/sh", "-c", script, "miles-setup", *dirs]
+        res = await self.cli.run(args, what=what, check=False)
+        if res.rc != 0:
+            raise sb._exec_failure(res.err, what=what)
+
+    # ---------------------------------------------------------------- removal
+    async def _remove(self, container: str, sandbox_id: str) -> None:
+        what = f"remove sandbox {sandbox_id}"
+
+        async def attempt() -> None:
+            try:
+                await self.cli.run(["rm", "--force", "--volumes", container], what=what)
+            except NoSuchContainer:
+                return
+            except SandboxError as exc:
+                if "no such container" in str(exc).lower():
+                    return
+                raise
+
+        await retry_idempotent(attempt, what=what, policy=self.options.retry)
+
+    def _forget(self, sb: DockerSandbox) -> None:
+        self._live.discard(sb)
+
+    async def sweep(self, run_id: str) -> list[str]:
+        """Remove every container labelled ``miles.run=run_id``; return their sandbox ids."""
+        if not run_id:
+            raise SandboxError("sweep needs a run id")
+        fmt = "{{.ID}}\t{{.Label \"" + SANDBOX_LABEL + "\"}}"
+        listed = await retry_idempotent(
+            lambda: self.cli.run(
+                ["ps", "--all", "--no-trunc", "--filter", f"label={RUN_LABEL}={run_id}", "--format", fmt],
+                what=f"list sandboxes of run '{run_id}'",
+            ),
+            what=f"list sandboxes of run '{run_id}'",
+            policy=self.options.retry,
+        )
+        found: list[tuple[str, str]] = []
+        for line in listed.stdout.decode().splitlines():
+            cid, _, sid = line.strip().partition("\t")
+            if cid:
+                found.append((cid, sid or cid))
+        removed: list[str] = []
+        for cid, sid in found:
+            await self._remove(cid, sid)
+            removed.append(sid)
+        if removed:
+            log.info("swept %d docker sandbox(es) of run %s", len(removed), run_id)
+        return removed
+
+    async def aclose(self) -> None:
+        """Close every sandbox this backend still has open."""
+        if self._live:
+            await asyncio.gather(*(sb.close() for sb in list(self._live)), return_exceptions=True)
+
