@@ -20,6 +20,7 @@ from miles_engine.train.config import (
     WeightsConfig,
 )
 from miles_engine.train.policy_tokenizer import TokenizerConfig
+from miles_engine.teachers.config import OPDRunConfig
 from miles_engine.train.tiny_model import TinyModelConfig
 from miles_engine.trainer.config import TrainerConfig
 from miles_engine.config.yaml_source import apply_overrides, load_yaml_file
@@ -76,6 +77,7 @@ class RecipeConfig(Section):
     weights: WeightsConfig = Field(default_factory=WeightsConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    opd: OPDRunConfig | None = Field(None, description="on-policy distillation teachers (with trainer.opd)")
 
 
 def resolve_recipe_path(ref: str | Path, hub: Hub | None = None) -> Path:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from miles_engine.agents.protocol import Agent
@@ -78,8 +78,10 @@ class EpisodeTrajectories:
     a fresh task object, so the attempts of a group never share task state."""
 
     def __init__(self, backend: SandboxBackend, make_agent: Callable[[], Agent], source: Any,
-                 reward: RewardFunction | None = None) -> None:
+                 reward: RewardFunction | None = None,
+                 after: Callable[[Trajectory], Awaitable[None]] | None = None) -> None:
         self.backend = backend
+        self.after = after  # post-episode step on an ok trajectory (e.g. teacher scoring)
         self.reward = reward  # the recipe's reward stack; None: the task's own verifier
         self.make_agent = make_agent
         self.source = source
@@ -90,6 +92,8 @@ class EpisodeTrajectories:
         result = await run_episode(task, self.make_agent(), self.backend, reward=self.reward)
         traj = to_trajectory(task, result)
         traj.index = attempt
+        if self.after is not None and traj.status == "ok":
+            await self.after(traj)
         if traj.status != "ok" and traj.error:
             kind = traj.error.split(":", 2)[-1].strip()[:200]
             if kind not in self._seen_errors and len(self._seen_errors) < 100:  # each distinct error once

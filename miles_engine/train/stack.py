@@ -106,7 +106,12 @@ class TrainingStack:
         self.reward = build_reward_stack(hub, cfg.reward)
         if self.reward is not None:
             self._closers.append(self.reward.aclose)
-        run = EpisodeTrajectories(self.backend, self._make_agent, self.source, self.reward)
+        from miles_engine.teachers.setup import OPDSetup
+
+        self.opd = OPDSetup.build(self)
+        if self.opd is not None:
+            self._closers.append(self.opd.aclose)
+        run = EpisodeTrajectories(self.backend, self._make_agent, self.source, self.reward, after=self.opd)
         opts = SchedulerOptions(group_size=cfg.rollout.group_size, max_inflight=cfg.rollout.max_inflight,
                                 episode_timeout_s=cfg.rollout.episode_timeout_s)
         rollout = self.resumed.rollout if self.resumed is not None else checkpoint.RolloutState(cursor=0)
@@ -230,6 +235,8 @@ class TrainingStack:
     async def warm_start(self) -> None:
         from miles_engine.train.sft import run_sft
 
+        if self.opd is not None:
+            await self.opd.prepare()
         if self.cfg.sft.enabled and not self.resume:
             await run_sft(self)
 
@@ -247,6 +254,8 @@ class TrainingStack:
         crash_points.crash_point("generation", step)
         t0 = time.perf_counter()
         groups = await self.buffer.get(self.cfg.rollout.groups_per_step, self.version)
+        if self.opd is not None:
+            self.opd.check()  # a sample no teacher route covers stops the run
         self.timers["wait"] = time.perf_counter() - t0
         return groups
 
@@ -281,7 +290,8 @@ class TrainingStack:
 
     def log(self, step: int, groups: list[Group], train_metrics: dict[str, float]) -> None:
         self.step = step
-        metrics = {**group_metrics(groups), **{f"train/{k}": v for k, v in train_metrics.items()}}
+        metrics = {**group_metrics(groups),
+                   **{k if k.startswith("opd/") else f"train/{k}": v for k, v in train_metrics.items()}}
         metrics.update(self.buffer.metrics(self.version))
         metrics.update(self.scheduler.metrics())
         metrics.update(self.mode.metrics())

@@ -1,0 +1,152 @@
+"""Wires the recipe's ``opd:`` section into a training stack: builds and checks the teachers,
+trains the start-up teacher when asked, and provides the post-episode scoring step."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from miles_engine.errors import ConfigError
+from miles_engine.teachers.compat import PROBE_TEXT, VocabFingerprint, fingerprint_tokenizer
+from miles_engine.teachers.config import OPDRunConfig
+from miles_engine.teachers.routing import TeacherRouter, TeacherRoutingError
+from miles_engine.teachers.scoring import TeacherScoring, check_teachers
+
+if TYPE_CHECKING:
+    from miles_engine.train.stack import TrainingStack
+
+TEACHER_DIR = "teacher"
+ROUTE_CHECK_TASKS = 64  # tasks whose tags are routed at start-up, so a missing route fails before training
+
+
+class OPDSetup:
+    def __init__(self, stack: TrainingStack, cfg: OPDRunConfig) -> None:
+        self.stack, self.cfg = stack, cfg
+        self.teachers: dict[str, Any] = {}
+        self.scoring: TeacherScoring | None = None
+        self.fatal: BaseException | None = None
+
+    @classmethod
+    def build(cls, stack: TrainingStack) -> OPDSetup | None:
+        """Validate the ``opd:`` section against ``trainer.opd`` and build the ready teachers."""
+        rcfg, topd = stack.cfg.opd, stack.cfg.trainer.opd
+        if rcfg is None:
+            if topd.enabled:
+                raise ConfigError(f"trainer.opd (beta={topd.beta}, coef={topd.coef}) needs teachers: add an opd: "
+                                  f"section with opd.teachers")
+            return None
+        if not topd.enabled:
+            raise ConfigError("the recipe has an opd: section but trainer.opd.beta and trainer.opd.coef are 0: "
+                              "set one of them (the teachers would score for nothing)")
+        setup = cls(stack, rcfg)
+        trained = rcfg.train_teacher.teacher if rcfg.train_teacher else None
+        if trained is not None:
+            if trained not in rcfg.teachers:
+                raise ConfigError(f"opd.train_teacher.teacher names '{trained}', which is not in opd.teachers "
+                                  f"({', '.join(sorted(rcfg.teachers))})")
+            if rcfg.teachers[trained].options.get("model") is not None:
+                raise ConfigError(f"opd.teachers.{trained}.options.model is set but opd.train_teacher trains that "
+                                  f"teacher: remove one of the two")
+        TeacherRouter(dict.fromkeys(rcfg.teachers), route_tag=rcfg.route_tag, routes=rcfg.routes,
+                      default=rcfg.default)  # config errors now, before anything is built
+        for name, ref in rcfg.teachers.items():
+            if name != trained:
+                setup.teachers[name] = setup._create(name, ref.name, ref.options)
+        check_teachers(setup.teachers, setup.student_fingerprint())
+        return setup
+
+    def _create(self, name: str, kind: str, options: dict[str, Any]) -> Any:
+        teacher = self.stack.hub.create("teacher", kind, options, where=f"opd.teachers.{name}.options")
+        teacher.name = name
+        return teacher
+
+    def student_fingerprint(self) -> VocabFingerprint:
+        tok = self.stack.codec.tokenizer
+        return fingerprint_tokenizer(tok, PROBE_TEXT, sorted(tok.added_tokens))
+
+    async def prepare(self) -> None:
+        """Train (or, on resume, reload) the start-up teacher; then build the scoring step."""
+        stack, spec = self.stack, self.cfg.train_teacher
+        if spec is not None:
+            out = stack.run_dir / TEACHER_DIR
+            if not (out / "config.json").is_file():
+                await asyncio.to_thread(train_teacher, stack, spec, out)
+            ref = self.cfg.teachers[spec.teacher]
+            options = {**ref.options, "model": str(out)}
+            teacher = await asyncio.to_thread(self._create, spec.teacher, ref.name, options)
+            check_teachers({spec.teacher: teacher}, self.student_fingerprint())
+            self.teachers[spec.teacher] = teacher
+        topd = stack.cfg.trainer.opd
+        mode = topd.candidates if topd.coef else "sampled"
+        student = None
+        if mode in ("student_topk", "intersection", "union"):
+            from miles_engine.teachers.inprocess import ModelScorer
+
+            student = ModelScorer(stack.engine.model, temperature=stack.cfg.trainer.algorithm.temperature)
+        router = TeacherRouter(self.teachers, route_tag=self.cfg.route_tag, routes=self.cfg.routes,
+                               default=self.cfg.default)
+        for ref in stack.tasks.refs[:ROUTE_CHECK_TASKS]:
+            from miles_engine.train.episodes import task_tags
+
+            router.name_for(task_tags(stack.source.load_task(ref.id)), sample=f"task {ref.id!r}")
+        self.scoring = TeacherScoring(router, mode=mode, top_k=topd.top_k, student=student)
+
+    async def __call__(self, traj: Any) -> None:
+        """The post-episode step; a routing error stops the run (raised by :meth:`check`)."""
+        if self.scoring is None:
+            raise RuntimeError("OPDSetup.prepare() was not awaited before the first episode")
+        try:
+            await self.scoring(traj)
+        except TeacherRoutingError as exc:
+            self.fatal = self.fatal or exc
+            raise
+
+    def check(self) -> None:
+        if self.fatal is not None:
+            raise self.fatal
+
+    async def aclose(self) -> None:
+        for teacher in self.teachers.values():
+            await teacher.aclose()
+
+
+def train_teacher(stack: TrainingStack, spec: Any, out: Path) -> None:
+    """SFT a tiny model (the student's tokenizer) on fresh demonstrations; save it to ``out``."""
+    from miles_engine.train.sft_rows import conversation_row
+    from miles_engine.train.stack import demonstrations
+    from miles_engine.train.tiny_model import build_config, build_model
+    from miles_engine.trainer.rows import SFTRow
+    from miles_engine.trainer.torch_trainer import TorchTrainer
+
+    cfg, tok = stack.cfg, stack.codec.tokenizer
+    config = build_config(spec.model, tok.vocab_size, bos_id=None, eos_id=stack.codec.stop_ids[0],
+                          pad_id=tok.added_tokens.get("<|endoftext|>", 0))
+    model = build_model(config, cfg.seed + 101)
+    demos = demonstrations(stack.source, spec.demos, seed=cfg.seed + 103, wrong_fraction=spec.wrong_fraction)
+    rows = [SFTRow(*conversation_row(stack.codec, d.prompt, d.messages, d.tools)) for d in demos]
+    steps = max(1, math.ceil(len(rows) * spec.epochs / spec.batch_size))
+    trainer = TorchTrainer(model, {"optimizer": {"lr": spec.lr}, "num_threads": cfg.trainer.num_threads,
+                                   "lr_schedule": {"kind": "linear", "warmup_steps": min(spec.warmup_steps, steps),
+                                                   "total_steps": steps}})
+    rng, order, started = random.Random(cfg.seed + 105), [], time.monotonic()
+    stack.metrics.set_total(steps, kind="teacher")
+    for step in range(1, steps + 1):
+        if len(order) < spec.batch_size:
+            fresh = list(range(len(rows)))
+            rng.shuffle(fresh)
+            order += fresh
+        batch, order = [rows[i] for i in order[:spec.batch_size]], order[spec.batch_size:]
+        metrics = trainer.sft_step(batch)
+        stack.metrics.log(step, {f"teacher_sft/{k}": v for k, v in metrics.items()}, kind="teacher")
+        if stack.stop_requested or (spec.max_minutes and time.monotonic() - started > spec.max_minutes * 60):
+            break
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted run
+    trainer.policy.save_pretrained(str(tmp))
+    tok.backend.save(str(tmp / "tokenizer.json"))
+    tmp.rename(out)  # a teacher directory on disk is always whole
