@@ -55,7 +55,8 @@ def tool_schema_problems(tool: ToolSpec) -> list[str]:
         problems.append(f"tool name {tool.name!r} must match {TOOL_NAME.pattern}")
     params = tool.parameters
     if params.get("type") != "object":
-        problems.append(f"tool '{tool.name}': parameters must be a JSON schema of type 'object', got {params.get('type')!r}")
+        problems.append(f"tool '{tool.name}': parameters must be a JSON schema of type 'object', "
+                        f"got {params.get('type')!r}")
     props = params.get("properties", {})
     if not isinstance(props, dict):
         problems.append(f"tool '{tool.name}': 'properties' must be an object")

@@ -51,8 +51,8 @@ def test_manifest_derived_from_the_first_task() -> None:
 
 
 def test_manifest_is_the_widest_need_over_tasks() -> None:
-    tasks = [FileTask("a", spec=SandboxSpec()), FileTask("b", spec=SandboxSpec(image="python:3.12", min_isolation="container",
-                                                                           network=NetworkPolicy(mode="allowlist")))]
+    wide = SandboxSpec(image="python:3.12", min_isolation="container", network=NetworkPolicy(mode="allowlist"))
+    tasks = [FileTask("a", spec=SandboxSpec()), FileTask("b", spec=wide)]
     caps = capabilities_of_tasks(tasks)
     assert (caps.network, caps.image, caps.min_isolation) == ("allowlist", True, "container")
 

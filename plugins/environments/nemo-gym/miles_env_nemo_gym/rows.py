@@ -37,7 +37,8 @@ def _text(content: Any, where: str) -> str:
     if isinstance(content, list):
         texts = []
         for part in content:
-            if not isinstance(part, dict) or part.get("type") not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            is_text = isinstance(part, dict) and part.get("type") in TEXT_PARTS and isinstance(part.get("text"), str)
+            if not is_text:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise TaskFormatError(f"{where}: message content part of type {kind!r} is not supported "
                                       f"(text parts only: {', '.join(TEXT_PARTS)})")

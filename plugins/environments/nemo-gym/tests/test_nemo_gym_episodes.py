@@ -17,7 +17,7 @@ from miles_engine.environments.capabilities import environment_capabilities, pre
 from miles_engine.hub import Hub  # noqa: E402
 from miles_engine.rollout.episode import run_episode  # noqa: E402
 from miles_engine.testing.environment import EnvironmentContract  # noqa: E402
-from miles_env_nemo_gym import NemoGymOptions, NemoGymSource  # noqa: E402
+from miles_env_nemo_gym import NemoGymSource  # noqa: E402
 from nemo_gym_testkit import SecretTimesFactorAgent, free_port, make_row, write_rows  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)
