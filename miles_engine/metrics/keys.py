@@ -41,6 +41,11 @@ TIS_ABS_RATIO_MINUS_1 = "tis/abs_ratio_minus_one"
 TIS_LOGPROB_DIFF = "tis/logprob_abs_diff"  # mean |logp_train - logp_rollout|
 TIS_KL_K3 = "tis/kl_k3"
 
+# --- on-policy distillation (trainer.opd; logged without the train/ prefix) -----------------
+OPD_REVERSE_KL = "opd/reverse_kl"        # per-token reverse KL to the teacher (trainer.opd_loss)
+OPD_SAMPLED_LOG_RATIO = "opd/sampled_log_ratio"  # mean log p_student - log p_teacher, sampled tokens
+TEACHER_SFT_LOSS = "teacher_sft/loss"    # teacher rows: the start-up teacher's SFT
+
 # --- optimisation ---------------------------------------------------------------------------
 TRAIN_LOSS = "train/loss"
 GRAD_NORM = "train/grad_norm"

@@ -139,6 +139,10 @@ class RunData:
             _, loss = self.series(K.SFT_LOSS, "sft")
             if loss:
                 out["sft loss, first"], out["sft loss, last"] = loss[0], loss[-1]
+        _, kl = self.series(K.OPD_REVERSE_KL)
+        if kl:
+            first, last = edge_means(kl)
+            out.update({"opd reverse KL, first 20% mean": first, "opd reverse KL, last 20% mean": last})
         _, ev = self.series(K.EVAL_REWARD, None)
         if ev:
             out["eval reward, last"] = ev[-1]

@@ -140,6 +140,11 @@ FIGURES: list[tuple[str, str, Draw, tuple[float, float]]] = [
     ("step_time", "Step time", draw_step_time, (9, 4.5)),
     ("eval", "Eval reward", _single("eval reward", [(K.EVAL_REWARD, "eval reward")], kind=None), (7, 4)),
     ("sft_loss", "SFT warm start", _single("SFT loss", [(K.SFT_LOSS, "loss")], kind="sft"), (7, 4)),
+    ("opd", "On-policy distillation", _single("per-token reverse KL to the teacher",
+                                              [(K.OPD_REVERSE_KL, "reverse KL"),
+                                               (K.OPD_SAMPLED_LOG_RATIO, "sampled-token log-ratio")]), (7, 4)),
+    ("teacher_sft", "Teacher SFT", _single("teacher SFT loss", [(K.TEACHER_SFT_LOSS, "loss")], kind="teacher"),
+     (7, 4)),
     ("train", "Optimisation", draw_train, (12, 3.6)),
 ]
 

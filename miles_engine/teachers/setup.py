@@ -52,8 +52,12 @@ class OPDSetup:
             if rcfg.teachers[trained].options.get("model") is not None:
                 raise ConfigError(f"opd.teachers.{trained}.options.model is set but opd.train_teacher trains that "
                                   f"teacher: remove one of the two")
-        TeacherRouter(dict.fromkeys(rcfg.teachers), route_tag=rcfg.route_tag, routes=rcfg.routes,
-                      default=rcfg.default)  # config errors now, before anything is built
+        names = TeacherRouter(dict.fromkeys(rcfg.teachers), route_tag=rcfg.route_tag, routes=rcfg.routes,
+                              default=rcfg.default)  # config errors now, before anything is built
+        from miles_engine.train.episodes import task_tags
+
+        for ref in stack.tasks.refs[:ROUTE_CHECK_TASKS]:
+            names.name_for(task_tags(stack.source.load_task(ref.id)), sample=f"task {ref.id!r}")
         for name, ref in rcfg.teachers.items():
             if name != trained:
                 setup.teachers[name] = setup._create(name, ref.name, ref.options)
@@ -90,10 +94,6 @@ class OPDSetup:
             student = ModelScorer(stack.engine.model, temperature=stack.cfg.trainer.algorithm.temperature)
         router = TeacherRouter(self.teachers, route_tag=self.cfg.route_tag, routes=self.cfg.routes,
                                default=self.cfg.default)
-        for ref in stack.tasks.refs[:ROUTE_CHECK_TASKS]:
-            from miles_engine.train.episodes import task_tags
-
-            router.name_for(task_tags(stack.source.load_task(ref.id)), sample=f"task {ref.id!r}")
         self.scoring = TeacherScoring(router, mode=mode, top_k=topd.top_k, student=student)
 
     async def __call__(self, traj: Any) -> None:
