@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tito": ("miles_engine.cli.tito_cmd:tito", "TITO sessions: conformance check, session server."),
     "serve": ("miles_engine.cli.serve_cmd:serve", "Serve a model over SGLang-compatible HTTP (embedded engine)."),
     "report": ("miles_engine.cli.report_cmd:report", "Render a run's curves to PNG and HTML."),
+    "new": ("miles_engine.cli.new_cmd:new", "Scaffold a plugin package (miles new plugin --kind K NAME)."),
 }
 
 
