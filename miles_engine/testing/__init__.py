@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-_EXPORTS = {"SandboxContract": "miles_engine.testing.sandbox"}
+_EXPORTS = {"SandboxContract": "miles_engine.testing.sandbox", "RewardContract": "miles_engine.testing.reward"}
 
 __all__ = sorted(_EXPORTS)
 
