@@ -183,3 +183,30 @@ def test_versions_only_move_forward(tmp_path: Path) -> None:
         await engine.aclose()
 
     run(main(), 60)
+
+
+def test_a_fresh_engine_pulls_the_whole_chain_it_lacks(tmp_path: Path) -> None:
+    first = _engine()
+    trainer = _trainer(first)
+
+    async def main() -> None:
+        transport = create_transport("disk_delta", first, root=str(tmp_path), encoding="xor")
+        for version in (1, 2):
+            _step(trainer, ["model.norm.weight", "model.layers.1.self_attn.q_proj.weight"], seed=version)
+            await transport.push(trainer.named_parameters(), version=version)
+        await transport.close()
+        await first.aclose()
+        # a new trainer process and a new engine host on the same root: the trainer rebuilds version 2 from
+        # the chain on disk, the engine starts from the baseline and patches 1, 2 and 3 before one load
+        late = _engine()
+        reopened = create_transport("disk_delta", late, root=str(tmp_path), encoding="xor")
+        _step(trainer, ["model.norm.weight"], seed=3)
+        stats = await reopened.push(trainer.named_parameters(), version=3)
+        assert reopened.publisher.version == 3 and sorted(read_index(tmp_path, 3).tensors) == ["model.norm.weight"]
+        assert late.weight_version == 3
+        assert differing(digests(late.model.state_dict()), digests(trainer.state_dict())) == []
+        assert stats.pause_s > 0
+        await reopened.close()
+        await late.aclose()
+
+    run(main(), 60)
