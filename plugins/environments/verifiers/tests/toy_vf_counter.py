@@ -1,0 +1,3 @@
+from toy_vf_bad import CounterTaskset
+
+__all__ = ["CounterTaskset"]
