@@ -28,12 +28,24 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from miles_engine.errors import SandboxError, SandboxUnsupportedError
-from miles_engine.sandbox.remote import QuotaError, RetryPolicy, TransientError, decode_output, retry_idempotent
+from miles_engine.sandbox.protocol import (
+    DEFAULT_MAX_OUTPUT_BYTES,
+    ExecResult,
+    IsolationLevel,
+    SandboxSpec,
+)
+from miles_engine.sandbox.remote import (
+    QuotaError,
+    RetryPolicy,
+    TransientError,
+    decode_output,
+    retry_idempotent,
+)
 from miles_engine.sandbox.remote_exec import (
     EXEC_ROOT,
     STAGING_ROOT,
@@ -44,7 +56,6 @@ from miles_engine.sandbox.remote_exec import (
     parse_status,
     q,
 )
-from miles_engine.sandbox.protocol import DEFAULT_MAX_OUTPUT_BYTES, ExecResult, IsolationLevel, SandboxSpec
 
 OWNED_SCRIPT_TIMEOUT_S = 300.0  # our own file-moving scripts
 _REPLY_SLACK_S = 30.0  # on top of timeout + grace: how long the SDK call may take end to end
@@ -158,7 +169,7 @@ class RemoteSandbox:
             if self._on_close is not None:
                 self._on_close(self)
 
-    async def __aenter__(self) -> RemoteSandbox:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -9,9 +9,27 @@ import types
 from typing import Any
 
 from miles_engine.errors import SandboxError, SandboxUnsupportedError
-from miles_engine.sandbox.protocol import RUN_LABEL, SANDBOX_LABEL, Capabilities, SandboxSpec, check_supported
-from miles_engine.sandbox.remote import TransientError, redact, require_env, retry_idempotent, run_id_for, sandbox_labels
-from miles_engine.sandbox.remote_sandbox import RemoteSandbox, close_all, new_sandbox_id, start_remote_sandbox
+from miles_engine.sandbox.protocol import (
+    RUN_LABEL,
+    SANDBOX_LABEL,
+    Capabilities,
+    SandboxSpec,
+    check_supported,
+)
+from miles_engine.sandbox.remote import (
+    TransientError,
+    redact,
+    require_env,
+    retry_idempotent,
+    run_id_for,
+    sandbox_labels,
+)
+from miles_engine.sandbox.remote_sandbox import (
+    RemoteSandbox,
+    close_all,
+    new_sandbox_id,
+    start_remote_sandbox,
+)
 from miles_sandbox_daytona.options import DaytonaSandboxOptions
 from miles_sandbox_daytona.transport import DaytonaTransport, classify
 

@@ -7,11 +7,11 @@ import os
 
 import pytest
 from fake_daytona import FakeCloud
+from miles_sandbox_daytona.backend import DaytonaSandboxBackend
+from miles_sandbox_daytona.options import DaytonaSandboxOptions
 
 from miles_engine.testing.remote_fakes import namespaces_available
 from miles_engine.testing.sandbox import SandboxContract
-from miles_sandbox_daytona.backend import DaytonaSandboxBackend
-from miles_sandbox_daytona.options import DaytonaSandboxOptions
 
 pytestmark = pytest.mark.skipif(not namespaces_available(), reason="the fake Daytona runs commands in local namespaces")
 

@@ -7,13 +7,13 @@ import asyncio
 import pytest
 from daytona import DaytonaConnectionError, DaytonaRateLimitError, DaytonaTimeoutError
 from fake_daytona import FakeCloud
+from miles_sandbox_daytona.backend import DaytonaSandboxBackend
+from miles_sandbox_daytona.options import DaytonaSandboxOptions
 
 from miles_engine.errors import SandboxError
 from miles_engine.sandbox.protocol import NetworkPolicy, Resources, SandboxSpec
 from miles_engine.sandbox.remote import RetryPolicy
 from miles_engine.testing.remote_fakes import namespaces_available
-from miles_sandbox_daytona.backend import DaytonaSandboxBackend
-from miles_sandbox_daytona.options import DaytonaSandboxOptions
 
 pytestmark = [
     pytest.mark.skipif(not namespaces_available(), reason="the fake Daytona runs commands in local namespaces"),

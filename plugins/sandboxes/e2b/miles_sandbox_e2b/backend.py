@@ -7,8 +7,21 @@ import types
 from typing import Any
 
 from miles_engine.errors import SandboxError
-from miles_engine.sandbox.protocol import RUN_LABEL, SANDBOX_LABEL, Capabilities, SandboxSpec, check_supported
-from miles_engine.sandbox.remote import TransientError, redact, require_env, retry_idempotent, run_id_for, sandbox_labels
+from miles_engine.sandbox.protocol import (
+    RUN_LABEL,
+    SANDBOX_LABEL,
+    Capabilities,
+    SandboxSpec,
+    check_supported,
+)
+from miles_engine.sandbox.remote import (
+    TransientError,
+    redact,
+    require_env,
+    retry_idempotent,
+    run_id_for,
+    sandbox_labels,
+)
 from miles_engine.sandbox.remote_sandbox import (
     RemoteSandbox,
     close_all,
@@ -16,7 +29,11 @@ from miles_engine.sandbox.remote_sandbox import (
     start_remote_sandbox,
 )
 from miles_sandbox_e2b.options import E2BSandboxOptions
-from miles_sandbox_e2b.templates import ensure_template, needs_template, template_request
+from miles_sandbox_e2b.templates import (
+    ensure_template,
+    needs_template,
+    template_request,
+)
 from miles_sandbox_e2b.transport import E2BTransport, classify
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from e2b.exceptions import (
@@ -159,7 +159,7 @@ class FakeAsyncSandbox:
         self.metadata = metadata
         self.envs = envs
         self.template = template
-        self.started_at = datetime.now(timezone.utc)
+        self.started_at = datetime.now(UTC)
         self.commands = _Commands(self)
         self.files = _Files(self)
         self._background: list[asyncio.Future] = []
@@ -227,7 +227,7 @@ class _Paginator:
 
     async def next_items(self, **opts: Any) -> list[SandboxInfo]:
         if not self.has_next:
-            raise Exception("No more items to fetch")
+            raise Exception("No more items to fetch")  # noqa: TRY002 - what the SDK raises
         self._cloud.check_key(self._key)
         self._cloud.maybe_fail("list")
         if self._items is None:

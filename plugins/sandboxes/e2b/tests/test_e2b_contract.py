@@ -7,11 +7,11 @@ import os
 
 import pytest
 from fake_e2b import FakeCloud
+from miles_sandbox_e2b.backend import E2BSandboxBackend
+from miles_sandbox_e2b.options import E2BSandboxOptions
 
 from miles_engine.testing.remote_fakes import namespaces_available
 from miles_engine.testing.sandbox import SandboxContract
-from miles_sandbox_e2b.backend import E2BSandboxBackend
-from miles_sandbox_e2b.options import E2BSandboxOptions
 
 pytestmark = pytest.mark.skipif(not namespaces_available(), reason="the fake E2B runs commands in local namespaces")
 

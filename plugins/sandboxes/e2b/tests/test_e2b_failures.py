@@ -6,15 +6,19 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from e2b.exceptions import RateLimitException, SandboxUnreachableException, ServiceBusyException
+from e2b.exceptions import (
+    RateLimitException,
+    SandboxUnreachableException,
+    ServiceBusyException,
+)
 from fake_e2b import FakeCloud
+from miles_sandbox_e2b.backend import E2BSandboxBackend
+from miles_sandbox_e2b.options import E2BSandboxOptions
 
 from miles_engine.errors import SandboxError
 from miles_engine.sandbox.protocol import NetworkPolicy, Resources, SandboxSpec
 from miles_engine.sandbox.remote import RetryPolicy
 from miles_engine.testing.remote_fakes import namespaces_available
-from miles_sandbox_e2b.backend import E2BSandboxBackend
-from miles_sandbox_e2b.options import E2BSandboxOptions
 
 pytestmark = [
     pytest.mark.skipif(not namespaces_available(), reason="the fake E2B runs commands in local namespaces"),
@@ -150,6 +154,6 @@ def test_allowlist_maps_to_allow_and_deny_out():
     async def body(cloud, backend):
         spec = SPEC.model_copy(update={"network": NetworkPolicy(mode="allowlist", allowed_hosts=("pypi.org", "10.0.0.0/8"))})
         await (await backend.create(spec)).close()
-        return [c for op, c in cloud.calls if op == "create"][0]["network"]
+        return next(c for op, c in cloud.calls if op == "create")["network"]
 
     assert run_with(body) == {"allow_out": ["pypi.org", "10.0.0.0/8"], "deny_out": ["0.0.0.0/0"]}

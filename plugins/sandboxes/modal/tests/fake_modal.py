@@ -21,7 +21,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import modal
-from modal.exception import SandboxFilesystemIsADirectoryError, SandboxFilesystemNotFoundError, SandboxTerminatedError
+from modal.exception import (
+    SandboxFilesystemIsADirectoryError,
+    SandboxFilesystemNotFoundError,
+    SandboxTerminatedError,
+)
 
 from miles_engine.testing.remote_fakes import BoxGone, LocalBoxes
 

@@ -7,11 +7,11 @@ import os
 
 import pytest
 from fake_modal import FakeCloud
+from miles_sandbox_modal.backend import ModalSandboxBackend
+from miles_sandbox_modal.options import ModalSandboxOptions
 
 from miles_engine.testing.remote_fakes import namespaces_available
 from miles_engine.testing.sandbox import SandboxContract
-from miles_sandbox_modal.backend import ModalSandboxBackend
-from miles_sandbox_modal.options import ModalSandboxOptions
 
 pytestmark = pytest.mark.skipif(not namespaces_available(), reason="the fake Modal runs commands in local namespaces")
 

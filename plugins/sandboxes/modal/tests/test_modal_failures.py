@@ -6,14 +6,14 @@ import asyncio
 
 import pytest
 from fake_modal import FakeCloud
+from miles_sandbox_modal.backend import ModalSandboxBackend
+from miles_sandbox_modal.options import ModalSandboxOptions
 from modal.exception import AuthError, ConnectionError, ResourceExhaustedError
 
 from miles_engine.errors import SandboxError
 from miles_engine.sandbox.protocol import NetworkPolicy, Resources, SandboxSpec
 from miles_engine.sandbox.remote import RetryPolicy
 from miles_engine.testing.remote_fakes import namespaces_available
-from miles_sandbox_modal.backend import ModalSandboxBackend
-from miles_sandbox_modal.options import ModalSandboxOptions
 
 pytestmark = [
     pytest.mark.skipif(not namespaces_available(), reason="the fake Modal runs commands in local namespaces"),

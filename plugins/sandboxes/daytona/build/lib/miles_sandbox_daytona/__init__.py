@@ -1,0 +1,1 @@
+"""miles sandbox plugin: Daytona cloud sandboxes."""

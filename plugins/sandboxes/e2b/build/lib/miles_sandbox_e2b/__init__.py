@@ -1,0 +1,1 @@
+"""miles sandbox plugin: E2B cloud sandboxes."""

@@ -1,0 +1,1 @@
+"""miles sandbox plugin: Modal sandboxes."""
