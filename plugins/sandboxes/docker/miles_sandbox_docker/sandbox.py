@@ -177,11 +177,17 @@ class DockerSandbox:
     # ---------------------------------------------------------------- files
     async def _cp_in(self, tar: bytes, dest: str, what: str) -> None:
         self._check_open()
-        await retry_idempotent(
-            lambda: self.cli.run(["cp", "-", f"{self.container}:{dest}"], what=what, stdin=tar),
-            what=what,
-            policy=self.opts.retry,
-        )
+        try:
+            await retry_idempotent(
+                lambda: self.cli.run(["cp", "-", f"{self.container}:{dest}"], what=what, stdin=tar),
+                what=what,
+                policy=self.opts.retry,
+            )
+        except SandboxError as exc:
+            # The CLI reports a vanished container as 'destination ... must be a directory'.
+            if "must be a directory" in str(exc) and not await self.alive():
+                raise SandboxError(f"{what}: sandbox {self.id} is dead: its container is gone or stopped") from exc
+            raise
         if self.spec.user:  # docker cp writes as root; hand the files to the sandbox user
             names = tarstream.top_paths(tar, dest)
             await retry_idempotent(

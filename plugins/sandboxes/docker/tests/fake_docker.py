@@ -10,7 +10,8 @@ real). Not emulated: users (everything runs as the caller), resource limits, ima
 Faults are injected through ``faults.json`` in the state dir:
 ``{"down": true}`` (no engine), ``{"hang": ["cp"]}`` (that subcommand never answers),
 ``{"fail": {"cp": ["stderr text", ...]}}`` (the next calls of that subcommand fail with
-these texts, one per call) and ``registry.json`` maps image refs to ``ok``/``denied``/
+these texts, one per call), ``{"lose": ["run"]}`` (the next call of that subcommand does its
+work but its answer is lost: a connection-reset error) and ``registry.json`` maps image refs to ``ok``/``denied``/
 ``ratelimit`` (others: manifest unknown).
 """
 
@@ -224,11 +225,13 @@ def cmd_cp(argv: list[str]) -> None:
     flags, (src, dst) = parse("cp", argv)
     if src == "-":
         ref, _, dest = dst.partition(":")
-        c = find(ref)
-        root = STATE / "containers" / c["id"] / "rootfs"
+        # The real CLI stats the destination first and ignores a failed stat (no container,
+        # no such path): what the user then sees is this, not "No such container".
+        c = next((c for c in containers().values() if ref in (c["id"], c["name"])), None)
+        root = STATE / "containers" / (c["id"] if c else "-") / "rootfs"
+        if c is None or not inside(root, dest).is_dir():
+            fail(f'destination "{ref}:{dest}" must be a directory')
         target = inside(root, dest)
-        if not target.is_dir():
-            fail(f"Error response from daemon: Could not find the file {dest} in container {ref}")
         with tarfile.open(fileobj=io.BytesIO(sys.stdin.buffer.read()), mode="r") as tar:
             for m in tar.getmembers():
                 out = inside(root, dest + "/" + m.name)
@@ -361,6 +364,17 @@ def main(argv: list[str]) -> None:
             msg = queue.pop(0)
             save("faults.json", faults)
             fail(msg)
+    with Lock():
+        faults = load("faults.json", {})
+        lose = name in faults.get("lose", [])
+        if lose:
+            faults["lose"].remove(name)
+            save("faults.json", faults)
+    if lose:
+        sys.stdout = open(os.devnull, "w")
+        handlers_for_lost = {"run": cmd_run, "rm": cmd_rm}
+        handlers_for_lost[name](rest)
+        fail("Error response from daemon: read unix @->/var/run/docker.sock: read: connection reset by peer")
     if sub == "version":
         print("28.2.2-fake")
         return
