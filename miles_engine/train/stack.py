@@ -94,7 +94,8 @@ class TrainingStack:
         self.server = await self._start_server()
         from miles_engine.weights import create_transport
 
-        self.transport = create_transport(cfg.weights.transport, self.engine, **self._transport_options())
+        self.transport = create_transport(cfg.weights.transport, self.engine, check=cfg.weights.check,
+                                          **self._transport_options())
         self._closers.insert(0, self.transport.close)
         preflight = getattr(self.transport, "preflight", None)
         if preflight is not None:  # disk_delta: what the trainer exports must match its baseline, before training

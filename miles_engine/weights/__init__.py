@@ -9,7 +9,8 @@
 - ``disk_delta``: versioned byte patches under a shared directory (:mod:`.disk_delta`).
 
 Every push ends by checking that each engine reports the pushed version
-(:class:`WeightPushError` otherwise). Importing this package does not import torch.
+(:class:`WeightPushError` otherwise). ``check=CheckOptions()`` wraps any transport in
+check-weight-update-equal (:mod:`.check`). Importing this package does not import torch.
 """
 
 from __future__ import annotations
@@ -37,6 +38,13 @@ def transport_class(name: str) -> type:
     return getattr(importlib.import_module(module), attr)
 
 
-def create_transport(name: str, engines: Any, **options: Any) -> WeightTransport:
-    """Build the transport ``name`` for ``engines`` (an engine, a list, or a router)."""
-    return transport_class(name)(engines, **options)
+def create_transport(name: str, engines: Any, *, check: Any = None, **options: Any) -> WeightTransport:
+    """Build the transport ``name`` for ``engines`` (an engine, a list, or a router); with
+    ``check`` (a :class:`~miles_engine.weights.check.CheckOptions`) every push is verified
+    tensor by tensor against the trainer's copy."""
+    transport = transport_class(name)(engines, **options)
+    if check is None:
+        return transport
+    from miles_engine.weights.check.transport import CheckedTransport
+
+    return CheckedTransport(transport, engines, check)

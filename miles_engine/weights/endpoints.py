@@ -3,6 +3,8 @@
 - ``POST /init_weights_update_group`` and ``POST /update_weights_from_distributed``,
   ``POST /destroy_weights_update_group``: names and fields as SGLang's; answers
   ``{"success", "message"}`` (400 with ``success: false`` when refused).
+- ``GET|POST /get_weights_by_name``: SGLang's debugging route, ``{"name", "truncate_size": 100}``
+  -> the tensor's first ``truncate_size`` rows as nested float32 lists (400 on an unknown name).
 - ``POST /miles/weight_checksums`` (ours): ``{"names": [...]}`` (optional) ->
   ``{"checksums": {name: sha256}, "weight_version"}``, to verify a push tensor by tensor.
 
@@ -12,12 +14,13 @@ Imports no torch until a route is called.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from miles_engine.engines.http.wire import error_body
 from miles_engine.errors import MilesError
@@ -29,6 +32,16 @@ def _refused(msg: str, status: int = 400) -> JSONResponse:
     return JSONResponse({"success": False, "message": msg,
                          **error_body(msg, "BadRequestError" if status < 500 else "InternalServerError")},
                         status_code=status)
+
+
+def _rows_as_float32(t: Any, truncate_size: int) -> Any:
+    """SGLang's answer: the first ``truncate_size`` rows, as float32 nested lists."""
+    import torch
+
+    t = t.detach().to("cpu")
+    if t.dim():
+        t = t[:truncate_size]
+    return t.to(torch.float32).tolist()
 
 
 def add_weight_sync_routes(app: FastAPI, engine: Any, *, update_lock: asyncio.Lock,
@@ -69,6 +82,28 @@ def add_weight_sync_routes(app: FastAPI, engine: Any, *, update_lock: asyncio.Lo
             return receiver.destroy_group(str(body.get("group_name", "weight_update_group")))
 
         return await _guard(run, "destroy_weights_update_group")
+
+    @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
+    async def get_weights_by_name(request: Request) -> JSONResponse:
+        body = await parse(request)
+        model = getattr(engine, "model", None)
+        if model is None:
+            return _refused(f"{type(engine).__name__} does not expose its tensors; get_weights_by_name needs an "
+                            f"embedded engine")
+        name, truncate = body.get("name"), body.get("truncate_size", 100)
+        if not isinstance(name, str) or not name:
+            return _refused("get_weights_by_name needs a tensor name (string field 'name')")
+        if isinstance(truncate, bool) or not isinstance(truncate, int) or truncate < 1:
+            return _refused(f"truncate_size must be a positive integer, got {truncate!r}")
+        from miles_engine.errors import did_you_mean
+
+        async with update_lock:  # never read a half-copied update
+            tensors = model.state_dict()
+            if name not in tensors:
+                return _refused(f"Get parameter by name failed: no tensor {name!r}{did_you_mean(name, tensors)}")
+            value = await asyncio.to_thread(_rows_as_float32, tensors[name], truncate)
+        # NaN / Infinity kept as Python's json writes them (SGLang's orjson would send null)
+        return Response(json.dumps(value, allow_nan=True, separators=(",", ":")), media_type="application/json")
 
     @app.post("/miles/weight_checksums")
     async def weight_checksums(request: Request) -> JSONResponse:

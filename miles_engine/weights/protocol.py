@@ -33,11 +33,18 @@ class PushStats:
     pause_s: float = 0.0  # engines paused (pause call to resume done)
     push_s: float = 0.0  # the whole push, verification included
     missing: int = 0  # engine tensors this push did not carry (tied weights are fine)
+    tensors_checked: int = 0  # (engine, tensor) pairs compared by check_update_equal (0: check off)
+    check_s: float = 0.0  # check_update_equal: random fill (first push) + read back + compare
 
     def metrics(self, prefix: str = "weights") -> dict[str, float]:
-        """``weights/version``, ``weights/bytes_pushed``, ``weights/pause_s``, ``weights/push_s``, ..."""
+        """``weights/version``, ``weights/bytes_pushed``, ``weights/pause_s``, ``weights/push_s``, ...
+        (``weights/check_s`` and ``weights/tensors_checked`` only when the push was checked)."""
         names = {"bytes": "bytes_pushed"}
-        return {f"{prefix}/{names.get(k, k)}": float(v) for k, v in asdict(self).items()}
+        fields = asdict(self)
+        if not self.tensors_checked:
+            fields.pop("tensors_checked")
+            fields.pop("check_s")
+        return {f"{prefix}/{names.get(k, k)}": float(v) for k, v in fields.items()}
 
 
 @runtime_checkable

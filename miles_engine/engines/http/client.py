@@ -232,6 +232,14 @@ class HttpEngine:
         self._raise_for(resp, "weight_checksums")
         return dict(resp.json()["checksums"])
 
+    async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> Any:
+        """SGLang's ``/get_weights_by_name``: the tensor's first ``truncate_size`` rows as nested
+        float32 lists (debugging: slow for big tensors)."""
+        resp = await self._call("POST", "/get_weights_by_name", json={"name": name, "truncate_size": int(truncate_size)},
+                                kind="update")
+        self._raise_for(resp, "get_weights_by_name")
+        return resp.json()
+
     async def health(self) -> bool:
         """``GET /health`` answered 200; never raises."""
         if self._client.is_closed:

@@ -1,0 +1,94 @@
+"""Tensor comparisons of the check (CPU, run in a worker thread) and the random pre-push fill."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from miles_engine.weights.check.options import CheckTolerance
+from miles_engine.weights.tensors import digest
+
+
+@dataclass
+class Mismatch:
+    name: str
+    problem: str  # "differs", "never written", "missing on the engine"
+    max_abs_diff: float | None = None
+
+    def describe(self) -> str:
+        diff = "" if self.max_abs_diff is None else f", max abs diff {self.max_abs_diff:.6g}"
+        if self.problem == "never written":
+            return f"{self.name!r} was never written (still holds the pre-push random fill{diff})"
+        return f"{self.name!r} {self.problem}{diff}"
+
+
+def as_engine_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The trainer's tensor as a transport delivers it: floating point cast to the engine's dtype."""
+    t = t.detach().to("cpu")
+    if t.dtype != dtype and t.dtype.is_floating_point and dtype.is_floating_point:
+        t = t.to(dtype)
+    return t
+
+
+def _bytes(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
+
+
+def same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape) and torch.equal(_bytes(a), _bytes(b))
+
+
+def max_abs_diff(engine: torch.Tensor, trainer: torch.Tensor) -> float:
+    """Largest |engine - trainer| in float64; NaN/inf where the other side differs count as inf."""
+    if tuple(engine.shape) != tuple(trainer.shape):
+        return math.inf
+    if engine.numel() == 0:
+        return 0.0
+    a, b = engine.detach().to("cpu", torch.float64), trainer.detach().to("cpu", torch.float64)
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b))  # equal infs and NaN on both sides are no difference
+    d = torch.where(same, torch.zeros_like(a), (a - b).abs())
+    d = torch.nan_to_num(d, nan=math.inf)
+    return float(d.max())
+
+
+def within(engine: torch.Tensor, trainer: torch.Tensor, tol: CheckTolerance) -> bool:
+    if tuple(engine.shape) != tuple(trainer.shape):
+        return False
+    a, b = engine.detach().to("cpu", torch.float64), trainer.detach().to("cpu", torch.float64)
+    return bool(torch.isclose(a, b, rtol=tol.rtol, atol=tol.atol, equal_nan=True).all())
+
+
+def compare(name: str, engine: torch.Tensor, trainer: torch.Tensor, exact: torch.Tensor,
+            tolerance: CheckTolerance | None, fill_digest: str | None) -> Mismatch | None:
+    """None when ``engine`` holds the trainer's tensor (exactly, or within ``tolerance``)."""
+    if same_bytes(engine, exact):
+        return None
+    if tolerance is not None and within(engine, trainer, tolerance):
+        return None
+    diff = max_abs_diff(engine, trainer)
+    if fill_digest is not None and digest(engine) == fill_digest:
+        return Mismatch(name, "never written", diff)
+    return Mismatch(name, "differs", diff)
+
+
+def random_fill(exact: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Random data of ``exact``'s dtype and shape whose bytes differ from ``exact``'s (unless empty)."""
+    dtype, shape = exact.dtype, tuple(exact.shape)
+    if dtype.is_floating_point:
+        fill = torch.randn(shape, generator=generator, dtype=torch.float32).to(dtype)
+    elif dtype == torch.bool:
+        fill = torch.randint(0, 2, shape, generator=generator).bool()
+    elif dtype.is_complex:
+        fill = torch.randn(shape, generator=generator, dtype=dtype)
+    else:
+        info = torch.iinfo(dtype)
+        fill = torch.randint(max(info.min, -(1 << 31)), min(info.max, (1 << 31) - 1), shape,
+                             generator=generator, dtype=torch.int64).to(dtype)
+    if exact.numel() and same_bytes(fill, exact):  # a tiny tensor can draw the trainer's values: flip them
+        if dtype == torch.bool:
+            fill = ~exact.to("cpu")
+        else:
+            fill = (_bytes(exact) ^ 0xFF).view(dtype).reshape(shape).clone()
+    return fill

@@ -1,0 +1,182 @@
+"""``CheckedTransport``: any weight transport, with check-weight-update-equal around its pushes.
+
+First push: pause the engines, overwrite every tensor the trainer exports with random data (same
+dtype and shape, never equal to the trainer's bytes), keep the fill's digests, then let the
+transport push (it resumes the engines; a failed push resumes them here). The version does not
+move during the fill and nothing generates from the noise. After every push: read each
+engine's tensors back (:mod:`.readback`) and compare them with the trainer's copies
+(:mod:`.compare`); one :class:`WeightCheckError` lists every engine's bad tensors. Every push is
+checked, not only the first: a delta transport's later versions carry other tensors.
+
+The trainer's tensors are held (by reference) until the check ends, so a generator of freshly
+gathered tensors costs one model copy more while checking.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from miles_engine.weights.check.options import CheckOptions
+from miles_engine.weights.check.readback import EngineReader, WeightCheckError, reader_for
+from miles_engine.weights.protocol import PushStats, engine_version, engines_of
+
+if TYPE_CHECKING:
+    import torch
+
+    from miles_engine.engines.protocol import TensorMeta
+
+log = logging.getLogger(__name__)
+
+
+class CheckedTransport:
+    def __init__(self, inner: Any, engines: Any, options: CheckOptions | None = None) -> None:
+        self.inner = inner
+        self.targets = engines
+        self.options = options or CheckOptions()
+        self.name = inner.name
+        self.filled = False
+        self._fills: dict[int, dict[str, str]] = {}  # id(engine) -> name -> digest of its random fill
+        self._preflighted = False
+        if hasattr(inner, "preflight"):
+            self.preflight = self._preflight
+
+    def __getattr__(self, attr: str) -> Any:  # the wrapped transport's own attributes (flatten, appliers, ...)
+        if attr == "inner":
+            raise AttributeError(attr)
+        return getattr(self.inner, attr)
+
+    async def _preflight(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        await self.inner.preflight(named_tensors)
+        self._preflighted = True
+
+    # ------------------------------------------------------------------ fill
+    def _exact(self, named: Mapping[str, torch.Tensor], meta: Mapping[str, TensorMeta]) -> dict[str, torch.Tensor]:
+        import torch
+
+        from miles_engine.weights.check.compare import as_engine_dtype
+
+        out = {}
+        for n, t in named.items():
+            m = meta.get(n)
+            out[n] = as_engine_dtype(t, getattr(torch, m.dtype) if m is not None else t.dtype)
+        return out
+
+    async def _fill(self, engine: Any, named: Mapping[str, torch.Tensor]) -> None:
+        import torch
+
+        from miles_engine.weights.check.compare import random_fill
+        from miles_engine.weights.tensors import digest
+
+        meta = {m.name: m for m in engine.weight_metadata()}
+        seed = secrets.randbits(63)  # never a seed the trainer's own init could share
+        gen = torch.Generator().manual_seed(seed)
+        version = await engine_version(engine)
+        fills: dict[str, str] = {}
+        chunk: dict[str, torch.Tensor] = {}
+        size = 0
+        for name, exact in (await asyncio.to_thread(self._exact, named, meta)).items():
+            if name not in meta and meta:
+                continue  # the transport itself refuses an unknown name, naming it
+            fill = await asyncio.to_thread(random_fill, exact, gen)
+            fills[name] = await asyncio.to_thread(digest, fill)
+            chunk[name] = fill
+            size += fill.numel() * fill.element_size()
+            if size >= self.options.fill_chunk_bytes:
+                await engine.update_weights(chunk, version=version)
+                chunk, size = {}, 0
+        if chunk:
+            await engine.update_weights(chunk, version=version)
+        self._fills[id(engine)] = fills
+        log.info("check_update_equal: filled %d tensors of %s with random data (seed %d)", len(fills),
+                 getattr(engine, "name", type(engine).__name__), seed)
+
+    # ------------------------------------------------------------------ push
+    async def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushStats:
+        named_list = list(named_tensors)
+        named = dict(named_list)
+        t0 = time.perf_counter()
+        fill_s = 0.0
+        if not self.filled:
+            if hasattr(self.inner, "preflight") and not self._preflighted:
+                # disk_delta's default baseline is the engine's initial weights: open it before the fill
+                await self._preflight(named_list)
+            engines = engines_of(self.targets)
+            await asyncio.gather(*(e.pause(getattr(self.inner, "pause_mode", "retract")) for e in engines))
+            try:
+                for engine in engines:
+                    await self._fill(engine, named)
+            except BaseException:
+                await asyncio.gather(*(e.resume() for e in engines), return_exceptions=True)
+                raise
+            self.filled = True
+            fill_s = time.perf_counter() - t0
+            try:
+                stats = await self.inner.push(named_list, version)
+            finally:  # the transport resumed them, unless it failed before its own pause
+                await asyncio.gather(*(e.resume() for e in engines), return_exceptions=True)
+        else:
+            stats = await self.inner.push(named_list, version)
+        t1 = time.perf_counter()
+        stats.tensors_checked = await self.check(named, version)
+        stats.check_s = fill_s + time.perf_counter() - t1
+        return stats
+
+    # ------------------------------------------------------------------ check
+    async def _check_engine(self, reader: EngineReader, named: Mapping[str, torch.Tensor]) -> list[str]:
+        from miles_engine.weights.check.compare import Mismatch, compare
+        from miles_engine.weights.tensors import digest
+
+        meta = {m.name: m for m in reader.engine.weight_metadata()}
+        exact = await asyncio.to_thread(self._exact, named, meta)
+        names = list(named)
+        sums = await reader.digests(names)
+        if sums is not None:
+            want = await asyncio.to_thread(lambda: {n: digest(t) for n, t in exact.items()})
+            suspects = [n for n in names if sums.get(n) != want[n]]
+        else:
+            suspects = names
+        problems: list[Mismatch] = [Mismatch(n, "is missing on the engine") for n in suspects
+                                    if meta and n not in meta]
+        present = [n for n in suspects if not meta or n in meta]
+        values = await reader.tensors(present, meta)
+        fills = self._fills.get(id(reader.engine), {})
+        tol = self.options.tolerance
+
+        def run() -> list[Mismatch]:
+            found = []
+            for n in present:
+                if n not in values:
+                    found.append(Mismatch(n, "is missing on the engine"))
+                    continue
+                bad = compare(n, values[n], named[n], exact[n], tol, fills.get(n))
+                if bad is not None:
+                    found.append(bad)
+            return found
+
+        problems += await asyncio.to_thread(run)
+        return [p.describe() for p in problems]
+
+    async def check(self, named: Mapping[str, torch.Tensor], version: int) -> int:
+        """Compare every exported tensor on every engine; raise :class:`WeightCheckError` naming each
+        one that differs. Returns how many (engine, tensor) pairs were checked."""
+        engines = engines_of(self.targets)
+        readers = [reader_for(e, i) for i, e in enumerate(engines)]
+        found = await asyncio.gather(*(self._check_engine(r, named) for r in readers))
+        bad = [(r, p) for r, p in zip(readers, found) if p]
+        if bad:
+            show = self.options.show
+            mode = ("exact: bit for bit in the engine's dtype" if self.options.tolerance is None
+                    else f"within {self.options.tolerance.describe()}")
+            parts = [f"on {r.name} ({r.kind}), {len(p)} of {len(named)} tensors: " + "; ".join(p[:show])
+                     + (f"; and {len(p) - show} more" if len(p) > show else "") for r, p in bad]
+            raise WeightCheckError(f"weights.check_update_equal: after the {self.name} push of weight version "
+                                   f"{version}, engine tensors are not the trainer's ({mode}) " + " | ".join(parts))
+        return len(named) * len(readers)
+
+    async def close(self) -> None:
+        await self.inner.close()
