@@ -365,7 +365,10 @@ class SandboxContract:
             return res, accepted
 
         res, accepted = run(body())
-        assert "reached" not in res.stdout and accepted == 0, f"network 'none' leaked: {res.stdout!r}"
+        assert "reached" not in res.stdout and accepted == 0, (
+            f"network 'none' leaked: {accepted} connection(s) accepted; stdout={res.stdout!r} "
+            f"stderr={res.stderr[-300:]!r} exit={res.exit_code} timed_out={res.timed_out}"
+        )
 
     def test_labels_are_carried(self, sandbox_backend: SandboxBackend, run) -> None:
         run_id = "contract-" + secrets.token_hex(4)

@@ -89,7 +89,7 @@ def make_fake(root: Path) -> FakeDocker:
     state = root / "state"
     (state / "containers").mkdir(parents=True)
     binary = root / "docker"
-    binary.write_text(f'#!/bin/sh\nFAKE_DOCKER_STATE="{state}" exec "{sys.executable}" "{FAKE}" "$@"\n')
+    binary.write_text(f'#!/bin/sh\nFAKE_DOCKER_STATE="{state}" exec "{sys.executable}" -S "{FAKE}" "$@"\n')
     binary.chmod(0o755)
     fake = FakeDocker(str(binary), state)
     fake.registry({"debian:bookworm-slim": "ok", "python:3.12-slim": "ok", "private/img": "denied", "busy/img": "ratelimit"})
