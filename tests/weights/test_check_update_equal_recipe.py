@@ -1,0 +1,67 @@
+"""weights.check_update_equal wired end to end: the tiny-terminal recipe, shortened, runs with the
+check on over colocated and disk_delta (every push verified, weights/check_s and weights/tensors_checked logged), and the same
+run over a transport that skips one tensor stops at the first push naming that tensor."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from miles_engine.config.recipe import load_recipe
+from miles_engine.weights import TRANSPORTS
+from miles_engine.weights.check.readback import WeightCheckError
+from miles_engine.weights.colocated import ColocatedTransport
+
+SHORT = ["sft.enabled=false", "tokenizer.corpus_demos=300", "rollout.mode=sync", "placement.trainer=in_process",
+         "rollout.group_size=2", "rollout.groups_per_step=2", "rollout.max_inflight=4", "buffer.capacity_groups=4",
+         "run.steps=2", "metrics.progress=false", "weights.check_update_equal=true"]
+SKIPPED = "model.norm.weight"
+
+
+class ColocatedSkippingOne(ColocatedTransport):
+    """The colocated transport with a bug: it never sends one tensor."""
+
+    async def push(self, named_tensors, version):
+        return await super().push([(n, t) for n, t in named_tensors if n != SKIPPED], version)
+
+
+async def _train(cfg, run_dir: Path) -> int:
+    from miles_engine.train.driver import train
+    from miles_engine.train.stack import TrainingStack
+
+    stack = TrainingStack(cfg, run_dir)
+    try:
+        await stack.build()
+        return await train(stack)
+    finally:
+        await stack.aclose()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("transport", ["colocated", "disk_delta"])
+def test_recipe_runs_with_every_push_checked(tmp_path: Path, transport: str) -> None:
+    cfg = load_recipe("tiny-terminal", [*SHORT, f"weights.transport={transport}", f"run.out_dir={tmp_path}"])
+    assert cfg.weights.check is not None and cfg.weights.check.tolerance is None
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    assert asyncio.run(_train(cfg, run_dir)) == 2
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert len(train) == 2
+    assert all(r["weights/tensors_checked"] > 0 and r["weights/check_s"] > 0 for r in train)
+
+
+@pytest.mark.timeout(180)
+def test_recipe_stops_on_a_transport_that_skips_a_tensor(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setitem(TRANSPORTS, "colocated", f"{__name__}:ColocatedSkippingOne")
+    cfg = load_recipe("tiny-terminal", [*SHORT, f"run.out_dir={tmp_path}"])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with pytest.raises(WeightCheckError) as err:
+        asyncio.run(_train(cfg, run_dir))
+    msg = str(err.value)
+    assert f"{SKIPPED!r} was never written" in msg and msg.count("was never written") == 1
+    assert "colocated push of weight version 0" in msg
