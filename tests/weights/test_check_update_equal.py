@@ -12,10 +12,10 @@ from pydantic import ValidationError
 
 from miles_engine.engines.embedded.engine import EmbeddedEngine
 from miles_engine.train.config import WeightsConfig
-from miles_engine.weights import PushStats, create_transport
+from miles_engine.weights import PushStats, WeightPushError, create_transport
 from miles_engine.weights.check import CheckOptions, CheckTolerance
 from miles_engine.weights.check.compare import max_abs_diff, random_fill, same_bytes
-from miles_engine.weights.check.readback import WeightCheckError
+from miles_engine.weights.check import WeightCheckError
 from miles_engine.weights.check.transport import CheckedTransport
 from miles_engine.weights.tensors import digests
 from tests.rollout.helpers import run
@@ -79,7 +79,8 @@ def test_a_transport_that_skips_one_tensor_fails_naming_exactly_it():
         assert "colocated push of weight version 1" in msg and "(in_process)" in msg
         bad = differing(digests(engine.model.state_dict()), digests(trainer.state_dict()))
         assert bad == [SKIPPED]  # the message names exactly the tensor that differs
-        assert engine.weight_version == 1 and not engine._sched.paused  # resumed after the failed check
+        assert engine.weight_version == 1 and engine._sched.paused  # left paused: it holds noise
+        assert "engines are left paused" in msg
         await engine.aclose()
     run(main(), 60)
 
@@ -172,3 +173,19 @@ def test_recipe_options():
         WeightsConfig(check_update_equal=True, check_tolerance={"rtoll": 0.01})
     with pytest.raises(ValidationError):
         WeightsConfig(check_update_equal=True, check_tolerance={"atol": -1})
+
+
+def test_a_push_failing_after_the_fill_leaves_the_engines_paused_and_says_why():
+    engine = _engine()
+    trainer = trainer_model(seed=8)
+
+    async def main():
+        transport = create_transport("colocated", engine, check=CheckOptions())
+        bad = [*trainer.named_parameters(), ("model.norm.weight", torch.zeros(3))]  # the transport refuses it
+        with pytest.raises(WeightPushError, match=r"shape.*filled the engines with random data.*left paused"):
+            await transport.push(bad, version=1)
+        assert engine._sched.paused and engine.weight_version == 0  # noise is never sampled
+        stats = await transport.push(trainer.named_parameters(), version=1)  # a good push resumes and passes
+        assert not engine._sched.paused and stats.tensors_checked > 0
+        await engine.aclose()
+    run(main(), 60)

@@ -14,7 +14,7 @@ import miles_engine.weights.disk_delta.transport as dd_transport
 from miles_engine.engines.embedded.engine import EmbeddedEngine
 from miles_engine.weights import create_transport
 from miles_engine.weights.check import CheckOptions
-from miles_engine.weights.check.readback import WeightCheckError
+from miles_engine.weights.check import WeightCheckError
 from miles_engine.weights.check.transport import CheckedTransport
 from miles_engine.weights.disk_delta.applier import DeltaApplier
 from miles_engine.weights.tensors import digests

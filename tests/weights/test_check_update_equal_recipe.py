@@ -12,7 +12,7 @@ import pytest
 
 from miles_engine.config.recipe import load_recipe
 from miles_engine.weights import TRANSPORTS
-from miles_engine.weights.check.readback import WeightCheckError
+from miles_engine.weights.check import WeightCheckError
 from miles_engine.weights.colocated import ColocatedTransport
 
 SHORT = ["sft.enabled=false", "tokenizer.corpus_demos=300", "rollout.mode=sync", "placement.trainer=in_process",

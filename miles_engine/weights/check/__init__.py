@@ -12,6 +12,7 @@ engines; semantics in :mod:`.options`). Importing this package does not import t
 
 from __future__ import annotations
 
+from miles_engine.weights.check.errors import WeightCheckError
 from miles_engine.weights.check.options import CheckOptions, CheckTolerance
 
-__all__ = ["CheckOptions", "CheckTolerance"]
+__all__ = ["CheckOptions", "CheckTolerance", "WeightCheckError"]

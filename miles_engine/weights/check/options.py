@@ -36,4 +36,5 @@ class CheckOptions(BaseModel):
     tolerance: CheckTolerance | None = Field(None, description="None: exact (see the module docstring)")
     fill_chunk_bytes: int = Field(256 << 20, ge=1, description="the pre-push random fill is sent to an engine in "
                                   "updates of at most this many bytes")
-    show: int = Field(20, ge=1, description="tensors named in the error at most (the count is always given)")
+    show: int | None = Field(None, ge=1, description="name at most this many tensors per engine in the error "
+                             "(the count is always given); None names every one")

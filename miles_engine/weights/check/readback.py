@@ -17,11 +17,10 @@ from typing import Any
 import torch
 
 from miles_engine.engines.protocol import TensorMeta
-from miles_engine.weights.protocol import WeightPushError, engine_name
+from miles_engine.weights.check.errors import WeightCheckError
+from miles_engine.weights.protocol import engine_name
 
-
-class WeightCheckError(WeightPushError):
-    """check_update_equal found engine tensors that are not the trainer's (or could not read them)."""
+__all__ = ["EngineReader", "RemoteReader", "WeightCheckError", "reader_for"]
 
 
 class EngineReader:

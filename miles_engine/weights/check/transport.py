@@ -2,8 +2,10 @@
 
 First push: pause the engines, overwrite every tensor the trainer exports with random data (same
 dtype and shape, never equal to the trainer's bytes), keep the fill's digests, then let the
-transport push (it resumes the engines; a failed push resumes them here). The version does not
-move during the fill and nothing generates from the noise. After every push: read each
+transport push (it resumes the engines). The version does not move during the fill and nothing
+samples the noise: a push that fails after the fill leaves the engines paused. Tensors the
+trainer does not export are left alone: nothing would overwrite them (filling them could only
+break the engine; tied aliases share storage with an exported tensor and are covered by it). After every push: read each
 engine's tensors back (:mod:`.readback`) and compare them with the trainer's copies
 (:mod:`.compare`); one :class:`WeightCheckError` lists every engine's bad tensors. Every push is
 checked, not only the first: a delta transport's later versions carry other tensors.
@@ -22,8 +24,9 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from miles_engine.weights.check.options import CheckOptions
-from miles_engine.weights.check.readback import EngineReader, WeightCheckError, reader_for
-from miles_engine.weights.protocol import PushStats, engine_version, engines_of
+from miles_engine.weights.check.errors import WeightCheckError
+from miles_engine.weights.check.readback import EngineReader, reader_for
+from miles_engine.weights.protocol import PushStats, WeightPushError, engine_version, engines_of
 
 if TYPE_CHECKING:
     import torch
@@ -96,6 +99,12 @@ class CheckedTransport:
                  getattr(engine, "name", type(engine).__name__), seed)
 
     # ------------------------------------------------------------------ push
+    async def _pause(self, engines: list[Any], *, quiet: bool = False) -> None:
+        """Pause with the transport's pause mode; ``quiet`` (on a failure path) never masks the error."""
+        mode = getattr(self.inner, "pause_mode", None) or getattr(getattr(self.inner, "options", None),
+                                                                  "pause_mode", "retract")
+        await asyncio.gather(*(e.pause(mode) for e in engines), return_exceptions=quiet)
+
     async def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushStats:
         named_list = list(named_tensors)
         named = dict(named_list)
@@ -106,23 +115,27 @@ class CheckedTransport:
                 # disk_delta's default baseline is the engine's initial weights: open it before the fill
                 await self._preflight(named_list)
             engines = engines_of(self.targets)
-            await asyncio.gather(*(e.pause(getattr(self.inner, "pause_mode", "retract")) for e in engines))
+            await self._pause(engines)
             try:
                 for engine in engines:
                     await self._fill(engine, named)
-            except BaseException:
-                await asyncio.gather(*(e.resume() for e in engines), return_exceptions=True)
-                raise
-            self.filled = True
-            fill_s = time.perf_counter() - t0
-            try:
+                self.filled = True
+                fill_s = time.perf_counter() - t0
                 stats = await self.inner.push(named_list, version)
-            finally:  # the transport resumed them, unless it failed before its own pause
-                await asyncio.gather(*(e.resume() for e in engines), return_exceptions=True)
+            except Exception as exc:
+                await self._pause(engines, quiet=True)  # they may hold noise under their old version: nothing samples it
+                raise WeightPushError(f"{exc} — weights.check_update_equal had filled the engines with random data "
+                                      f"before this push, so they are left paused (holding noise, not the "
+                                      f"trainer's weights) until a push succeeds") from exc
+            await asyncio.gather(*(e.resume() for e in engines))  # a transport that never pauses leaves them paused
         else:
             stats = await self.inner.push(named_list, version)
         t1 = time.perf_counter()
-        stats.tensors_checked = await self.check(named, version)
+        try:
+            stats.tensors_checked = await self.check(named, version)
+        except WeightCheckError:
+            await self._pause(engines_of(self.targets), quiet=True)
+            raise
         stats.check_s = fill_s + time.perf_counter() - t1
         return stats
 
@@ -169,13 +182,14 @@ class CheckedTransport:
         found = await asyncio.gather(*(self._check_engine(r, named) for r in readers))
         bad = [(r, p) for r, p in zip(readers, found) if p]
         if bad:
-            show = self.options.show
+            show = self.options.show or max(len(p) for _, p in bad)
             mode = ("exact: bit for bit in the engine's dtype" if self.options.tolerance is None
                     else f"within {self.options.tolerance.describe()}")
             parts = [f"on {r.name} ({r.kind}), {len(p)} of {len(named)} tensors: " + "; ".join(p[:show])
                      + (f"; and {len(p) - show} more" if len(p) > show else "") for r, p in bad]
             raise WeightCheckError(f"weights.check_update_equal: after the {self.name} push of weight version "
-                                   f"{version}, engine tensors are not the trainer's ({mode}) " + " | ".join(parts))
+                                   f"{version}, engine tensors are not the trainer's ({mode}) " + " | ".join(parts)
+                                   + ". The engines are left paused: they do not hold the trainer's weights")
         return len(named) * len(readers)
 
     async def close(self) -> None:
