@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from miles_engine.config.recipe import RecipeConfig
 from miles_engine.errors import ConfigError
 from miles_engine.hub import Hub
 from miles_engine.rollout.types import Group
+from miles_engine.sandbox.remote import RUN_ID_ENV
 from miles_engine.train import checkpoint, consumed, crash_points, resume
 from miles_engine.train.checkpoint_compat import check as check_resume
 from miles_engine.train.group_metrics import group_metrics
@@ -40,6 +42,9 @@ def demonstrations(source: Any, n: int, seed: int, wrong_fraction: float | None 
                           f"tokenizer.path (a trained tokenizer) and sft.enabled=false, or pick an environment "
                           f"with demonstrations (e.g. shell-drills)")
     return list(make(n, seed=seed, wrong_fraction=wrong_fraction))
+
+
+_UNPREFIXED = ("opd/", "tis/")  # trainer metrics the report reads under their own names
 
 
 class TrainingStack:
@@ -80,6 +85,8 @@ class TrainingStack:
         from miles_engine.environments.capabilities import close_environment
 
         self._closers.append(lambda: close_environment(self.source))
+        # remote sandboxes carry the run name as their `miles.run` label: `miles sandbox sweep --run NAME`
+        os.environ.setdefault(RUN_ID_ENV, self.run_dir.name)
         self.backend = hub.create("sandbox", cfg.sandbox.backend, cfg.sandbox.options, where="sandbox.options")
         self._closers.append(self.backend.aclose)
         self.tasks = TaskStream(self.source, seed=cfg.rollout.task_seed)
@@ -292,7 +299,7 @@ class TrainingStack:
     def log(self, step: int, groups: list[Group], train_metrics: dict[str, float]) -> None:
         self.step = step
         metrics = {**group_metrics(groups),
-                   **{k if k.startswith("opd/") else f"train/{k}": v for k, v in train_metrics.items()}}
+                   **{k if k.startswith(_UNPREFIXED) else f"train/{k}": v for k, v in train_metrics.items()}}
         metrics.update(self.buffer.metrics(self.version))
         metrics.update(self.scheduler.metrics())
         metrics.update(self.mode.metrics())
