@@ -173,6 +173,14 @@ def test_recipe_options():
         WeightsConfig(check_update_equal=True, check_tolerance={"rtoll": 0.01})
     with pytest.raises(ValidationError):
         WeightsConfig(check_update_equal=True, check_tolerance={"atol": -1})
+    # through recipe overrides: one error naming the key
+    from miles_engine.config.recipe import load_recipe
+    from miles_engine.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"unknown key 'weights.check_tolerance.rtl' \(did you mean 'rtol'\?\)"):
+        load_recipe("tiny-terminal", ["weights.check_update_equal=true", "weights.check_tolerance.rtl=0.01"])
+    cfg = load_recipe("tiny-terminal", ["weights.check_update_equal=true", "weights.check_tolerance.rtol=0.01"])
+    assert cfg.weights.check == CheckOptions(tolerance=CheckTolerance(rtol=0.01))
 
 
 def test_a_push_failing_after_the_fill_leaves_the_engines_paused_and_says_why():

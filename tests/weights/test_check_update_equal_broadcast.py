@@ -8,6 +8,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from miles_engine.engines.launch import ServerProcess
 from miles_engine.weights import create_transport
 from miles_engine.weights.check import CheckOptions
 from miles_engine.weights.check.readback import RemoteReader, WeightCheckError, reader_for
+from miles_engine.weights.check import transport as check_transport
 from miles_engine.weights.check.transport import CheckedTransport
 from miles_engine.weights.tensors import digests
 from tests.rollout.helpers import run
@@ -78,7 +80,7 @@ def test_checked_broadcast_passes_then_a_skipped_tensor_is_named(server):
 
 
 @pytest.mark.timeout(90)
-def test_get_weights_by_name_matches_sglang_and_reads_exactly(server):
+def test_get_weights_by_name_matches_sglang_and_reads_exactly(server, monkeypatch):
     async def main():
         engine = await HttpEngine(server.url, name="engine-proc").connect()
         try:
@@ -97,6 +99,18 @@ def test_get_weights_by_name_matches_sglang_and_reads_exactly(server):
             assert await reader.digests(list(meta)) is None
             assert digests(got) == await engine.weight_checksums()
             assert all(isinstance(t, torch.Tensor) and t.dtype == torch.float32 for t in got.values())
+            # the whole check over that path (as against a server without /miles/weight_checksums)
+            monkeypatch.setattr(check_transport, "reader_for",
+                                lambda e, i: RemoteReader(e, "engine-proc", checksums=False))
+            check = CheckedTransport(SimpleNamespace(name="none"), engine)
+            named = {n: t.clone() for n, t in got.items()}
+            assert await check.check(named, 9) == len(named)
+            named["model.norm.weight"] = named["model.norm.weight"] + 0.25
+            named["model.extra.weight"] = torch.zeros(2)
+            with pytest.raises(WeightCheckError) as err:
+                await check.check(named, 9)
+            assert (f"on engine-proc (get_weights_by_name), 2 of {len(named)} tensors: 'model.extra.weight' is "
+                    f"missing on the engine; 'model.norm.weight' differs, max abs diff 0.25") in str(err.value)
         finally:
             await engine.aclose()
     run(main(), 80)

@@ -31,6 +31,7 @@ class EngineReader:
 
     def __init__(self, engine: Any, name: str) -> None:
         self.engine, self.name = engine, name
+        self.unreadable: dict[str, str] = {}  # name -> why it could not be read back
 
     async def digests(self, names: Sequence[str]) -> dict[str, str] | None:
         return None
@@ -76,7 +77,10 @@ class RemoteReader(EngineReader):
     async def tensors(self, names: Sequence[str], meta: Mapping[str, TensorMeta]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
         for name in names:  # one at a time: bounded memory on the server and here
-            out[name] = await self._fetch(name, meta.get(name))
+            try:
+                out[name] = await self._fetch(name, meta.get(name))
+            except (ValueError, WeightCheckError) as exc:  # refused by the server: reported with the others
+                self.unreadable[name] = str(exc)
         return out
 
 

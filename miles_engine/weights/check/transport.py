@@ -156,6 +156,11 @@ class CheckedTransport:
         problems: list[Mismatch] = [Mismatch(n, "is missing on the engine") for n in suspects
                                     if meta and n not in meta]
         present = [n for n in suspects if not meta or n in meta]
+        if not meta:  # a server that publishes no metadata (real SGLang): the trainer's shapes and dtypes
+            from miles_engine.engines.protocol import TensorMeta
+            from miles_engine.weights.tensors import dtype_name
+
+            meta = {n: TensorMeta(n, dtype_name(t.dtype), tuple(t.shape)) for n, t in named.items()}
         values = await reader.tensors(present, meta)
         fills = self._fills.get(id(reader.engine), {})
         tol = self.options.tolerance
@@ -164,7 +169,8 @@ class CheckedTransport:
             found = []
             for n in present:
                 if n not in values:
-                    found.append(Mismatch(n, "is missing on the engine"))
+                    why = reader.unreadable.get(n)
+                    found.append(Mismatch(n, f"could not be read back ({why})" if why else "is missing on the engine"))
                     continue
                 bad = compare(n, values[n], named[n], exact[n], tol, fills.get(n))
                 if bad is not None:
