@@ -204,6 +204,25 @@ class EmbeddedEngine:
                 self._sched.call_soon(lambda: self._sched.abort(request.request_id), lambda *_: None)
             raise
 
+    async def score_prompt(self, input_ids: list[int], start: int, top_n: int = 0,
+                           token_ids: list[int] | None = None) -> Any:
+        """SGLang's prefill-only scoring (``max_new_tokens=0``): log-probs of ``input_ids[start+1:]``
+        from one teacher-forced forward pass on the engine thread; see
+        :class:`~miles_engine.engines.embedded.prompt_scoring.PromptLogprobs`. Never samples."""
+        from miles_engine.engines.embedded.prompt_scoring import score_prompt
+
+        if self._closed or not self._sched.alive:
+            raise EngineUnavailable("the embedded engine is closed")
+        for what, values in (("input_ids", input_ids), ("token_ids_logprob", token_ids or [])):
+            bad = next((i for i, t in enumerate(values) if not 0 <= int(t) < self.vocab_size), None)
+            if bad is not None:
+                raise EngineRequestError(f"{what}[{bad}] = {int(values[bad])} is out of vocabulary "
+                                         f"(valid ids: 0..{self.vocab_size - 1})")
+        if len(input_ids) > self.max_context_len:
+            raise EngineRequestError(f"input of {len(input_ids)} tokens does not fit the context of "
+                                     f"{self.max_context_len} tokens")
+        return await self._call(lambda: score_prompt(self.model, input_ids, start, top_n, token_ids))
+
     # ------------------------------------------------------------------ control
     async def _call(self, fn: Any) -> Any:
         if not self._sched.alive:

@@ -1,13 +1,16 @@
 """SGLang-compatible HTTP server for any :class:`RolloutEngine`, running it in the same process.
 
 Endpoints (names, request fields and response shapes as SGLang's
-``srt/entrypoints/http_server.py``): ``POST /generate``, ``GET /health``, ``GET /health_generate``,
+``srt/entrypoints/http_server.py``): ``POST /generate`` (also SGLang's prefill-only scoring call,
+``max_new_tokens=0`` with input log-probs: :mod:`.scoring`), ``POST /v1/tokenize``, ``GET /health``, ``GET /health_generate``,
 ``POST /update_weights_from_disk``, ``POST /update_weights_from_tensor``, ``POST /pause_generation``
 (``{"mode": "abort"|"retract"|"in_place"}``), ``POST /continue_generation``, ``POST /abort_request``
 (``{"rid"}`` or ``{"abort_all": true}``), ``GET /get_weight_version``, ``GET /get_model_info``,
 ``GET /get_server_info``, ``POST /init_weights_update_group``, ``POST /update_weights_from_distributed``,
 ``POST /destroy_weights_update_group`` (see :mod:`miles_engine.weights.endpoints`); plus
-``GET /miles/weight_metadata`` and ``POST /miles/weight_checksums`` (ours).
+``GET /miles/weight_metadata``, ``POST /miles/weight_checksums`` and
+``POST /update_weights_from_disk_delta`` (ours, not SGLang's: the engine pulls a disk_delta
+version from a shared publish root, see :mod:`miles_engine.weights.disk_delta.engine_server`).
 
 Session affinity key: body ``session_id`` (recent SGLang) or ``routing_key`` (SGLang), or the
 ``X-SMG-Routing-Key`` header that Miles' session server and sgl-model-gateway send.
@@ -34,7 +37,7 @@ from fastapi.responses import JSONResponse, Response
 
 from miles_engine import __version__
 from miles_engine.engines.errors import EngineUnavailable
-from miles_engine.engines.http import DEFAULT_ENGINE_FACTORY, tensors, wire
+from miles_engine.engines.http import DEFAULT_ENGINE_FACTORY, scoring, tensors, wire
 from miles_engine.engines.http.wire import BadRequest, error_body
 from miles_engine.engines.protocol import GenerateRequest, RolloutEngine, SamplingParams
 from miles_engine.errors import MilesError
@@ -73,9 +76,12 @@ async def _json(request: Request, required: bool = True) -> dict[str, Any]:
     return body
 
 
-def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_engine: bool = True) -> FastAPI:
-    """A FastAPI app serving ``engine``; ``close_engine`` closes it on app shutdown."""
+def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_engine: bool = True,
+               tokenizer: Any = None) -> FastAPI:
+    """A FastAPI app serving ``engine``; ``close_engine`` closes it on app shutdown. ``tokenizer``
+    (default: ``tokenizer.json`` in the model directory) serves ``/v1/tokenize``."""
     inflight: dict[str, GenerateRequest] = {}
+    tok = scoring.find_tokenizer(engine, model_path, tokenizer)
     state = {"paused": False, "started": time.time()}
     weights_lock = asyncio.Lock()
 
@@ -108,6 +114,8 @@ def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_en
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request) -> Any:
         body = await _json(request)
+        if scoring.is_prefill_only(body):  # SGLang's scoring call (see .scoring)
+            return await _score(scoring.scoring_request_from_wire(body))
         req = wire.request_from_wire(body, request.headers)
         start = wire.routed_experts_start(body)
         if req.request_id in inflight:
@@ -123,6 +131,27 @@ def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_en
         finally:
             inflight.pop(req.request_id, None)
         return wire.result_to_wire(res, req, engine.weight_version, start)
+
+    async def _score(req: scoring.ScoringRequest) -> Any:
+        if req.rid in inflight:
+            raise BadRequest(f"rid {req.rid!r} is already in flight")
+        inflight[req.rid] = GenerateRequest(input_ids=req.input_ids, request_id=req.rid)
+        try:
+            return await scoring.score(engine, req)
+        except BadRequest:
+            raise
+        except Exception as exc:  # noqa: BLE001 - mapped to an HTTP error, the server keeps serving
+            status, type_ = _classify(exc)
+            if status >= 500:
+                log.exception("scoring %s failed", req.rid)
+            return _err(status, f"{exc.__class__.__name__}: {exc}" if status >= 500 else str(exc), type_)
+        finally:
+            inflight.pop(req.rid, None)
+
+    @app.post("/v1/tokenize")
+    @app.post("/tokenize", include_in_schema=False)
+    async def tokenize(request: Request) -> dict[str, Any]:
+        return scoring.tokenize(tok, await _json(request), int(getattr(engine, "max_context_len", -1) or -1))
 
     async def _healthy() -> bool:
         try:
@@ -157,7 +186,8 @@ def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_en
         path = model_path or getattr(engine, "model_path", None)
         return {"model_path": str(path) if path else None, "tokenizer_path": str(path) if path else None,
                 "is_generation": True, "preferred_sampling_params": None,
-                "weight_version": str(engine.weight_version), **_model_attrs()}
+                "weight_version": str(engine.weight_version), **_model_attrs(),
+                **({"tokenizer_vocab_size": tok.vocab_size} if tok is not None else {})}
 
     @app.get("/get_weight_version")
     async def get_weight_version() -> dict[str, Any]:
@@ -246,6 +276,9 @@ def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_en
     from miles_engine.weights.endpoints import add_weight_sync_routes
 
     add_weight_sync_routes(app, engine, update_lock=weights_lock, parse=_json)
+    from miles_engine.weights.disk_delta.engine_server import add_disk_delta_routes
+
+    add_disk_delta_routes(app, engine, update_lock=weights_lock, parse=_json)
     return app
 
 

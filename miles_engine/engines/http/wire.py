@@ -126,6 +126,7 @@ _TOLERATED: dict[str, Any] = {
     "input_embeds": None, "text": None, "image_data": None, "video_data": None, "audio_data": None,
     "return_entropy": False, "custom_logit_processor": None, "return_sampling_mask": False,
 }
+_SCORING_ONLY = ("logprob_start_len", "top_logprobs_num", "token_ids_logprob")
 _ANY_VALUE = {"return_text_in_logprobs", "log_metrics", "no_logs", "custom_labels", "priority",
               "extra_key", "cache_salt", "routed_experts_start_len", "return_indexer_topk",
               "conversation_id", "external_trace_header", "received_time"}
@@ -158,6 +159,8 @@ def request_from_wire(body: Any, headers: Mapping[str, str] | None = None) -> Ge
     for key, value in body.items():
         if key in _TOLERATED and not _is_default(value, _TOLERATED[key]):
             what = ("prompts must be token ids: send input_ids" if key in ("text", "input_embeds")
+                    else f"{key}={value!r} is only supported on a prefill-only scoring request "
+                         f"(sampling_params.max_new_tokens=0)" if key in _SCORING_ONLY
                     else f"{key}={value!r} is not supported by this engine")
             raise BadRequest(what)
         if key not in _REQ_KNOWN:

@@ -78,7 +78,10 @@ BAD_GENERATE = [
     ({"sampling_params": {}}, "input_ids is required"),
     ({"text": "hello"}, "token ids"),
     ({"input_ids": list(range(1, 60)) * 5}, "context"),
-    ({**GOOD, "sampling_params": {"max_new_tokens": 0}}, "max_new_tokens"),
+    ({**GOOD, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, "logprob_start_len": 0},
+     "cannot score prompts"),  # prefill-only scoring needs an engine with score_prompt
+    ({**GOOD, "sampling_params": {"max_new_tokens": 0}, "logprob_start_len": 3}, "logprob_start_len=3 is higher"),
+    ({**GOOD, "top_logprobs_num": 2}, "only supported on a prefill-only scoring request"),
     ({**GOOD, "sampling_params": {"max_new_tokens": -3}}, "max_new_tokens"),
     ({**GOOD, "sampling_params": {"temprature": 0.5}}, "did you mean 'temperature'"),
     ({**GOOD, "sampling_params": {"n": 2}}, "not supported"),

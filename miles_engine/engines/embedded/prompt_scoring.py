@@ -1,0 +1,50 @@
+"""Log-probs of a prompt's own tokens (SGLang's input logprobs), from one teacher-forced forward pass.
+
+Runs on the engine thread (between two scheduler steps, so a weight update never lands in the
+middle of it) with a plain ``model(input_ids)`` call that leaves the engine's KV cache alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class PromptLogprobs:
+    """Values for tokens ``start + 1 .. len(ids) - 1`` (the token at ``start`` has no predicting
+    position in the pass, exactly like SGLang's leading ``None``), in row order.
+
+    :param token: log-prob of each of those tokens.
+    :param top_ids, top_logprobs: per token, the ``top_n`` most likely ids at its predicting
+        position (ties broken by the lower id) and their log-probs; empty when ``top_n`` is 0.
+    :param asked: per token, log-probs of the requested ``token_ids`` (same order); empty when none.
+    """
+
+    token: list[float]
+    top_ids: list[list[int]] = field(default_factory=list)
+    top_logprobs: list[list[float]] = field(default_factory=list)
+    asked: list[list[float]] = field(default_factory=list)
+
+
+def score_prompt(model: Any, ids: Sequence[int], start: int, top_n: int = 0,
+                 token_ids: Sequence[int] | None = None) -> PromptLogprobs:
+    import torch
+
+    device = next(model.parameters()).device
+    row = torch.tensor([list(ids)], dtype=torch.long, device=device)
+    with torch.inference_mode():
+        logits = model(input_ids=row, use_cache=False).logits[0, start:len(ids) - 1]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        targets = row[0, start + 1:]
+        out = PromptLogprobs(logp.gather(1, targets[:, None]).squeeze(1).tolist())
+        if top_n and len(targets):
+            order = torch.sort(logp, dim=-1, descending=True, stable=True)
+            k = min(top_n, logp.shape[-1])
+            out.top_ids = order.indices[:, :k].tolist()
+            out.top_logprobs = order.values[:, :k].tolist()
+        if token_ids:
+            idx = torch.tensor(list(token_ids), dtype=torch.long, device=device)
+            out.asked = logp.index_select(1, idx).tolist()
+    return out
