@@ -226,6 +226,31 @@ class HttpEngine:
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
         await self._weights_call("/destroy_weights_update_group", {"group_name": group_name})
 
+    async def update_weights_from_disk_delta(self, publish_root: str, version: int, *, engine: str,
+                                             local_dir: str | None = None, snapshot_every: int = 1,
+                                             pause_mode: PauseMode = "retract",
+                                             pull_timeout_s: float = 60.0) -> dict[str, Any]:
+        """Our server only (not SGLang's): the engine pulls the disk_delta versions it lacks from
+        ``publish_root`` (as mounted on its host), verifies, loads ``version``; returns its answer
+        (``stats``: pull/apply/pause seconds, wire bytes). A refusal raises the matching
+        :mod:`miles_engine.weights.disk_delta.errors` class naming this engine's URL; the engine
+        keeps its old weights. Retried on transport errors: a second call for a version the engine
+        already holds changes nothing."""
+        from miles_engine.weights.disk_delta.errors import remote_sync_error
+
+        body = {"publish_root": str(publish_root), "version": int(version), "engine": engine,
+                "local_dir": local_dir, "snapshot_every": int(snapshot_every), "pause_mode": pause_mode,
+                "pull_timeout_s": float(pull_timeout_s)}
+        resp = await self._call("POST", "/update_weights_from_disk_delta", json=body, kind="update")
+        try:
+            data = resp.json()
+        except ValueError:
+            data = None
+        if resp.status_code >= 400 or not isinstance(data, dict) or data.get("success") is not True:
+            raise remote_sync_error(self.base_url, resp.status_code, data, self._message(resp), version)
+        self._version = wire.parse_version(data["weight_version"])
+        return data
+
     async def weight_checksums(self, names: list[str] | None = None) -> dict[str, str]:
         """sha256 per tensor as the server holds it (our server, embedded engines)."""
         resp = await self._call("POST", "/miles/weight_checksums", json={"names": names})

@@ -39,6 +39,7 @@ class ApplyStats:
     apply_s: float = 0.0  # decompress + patch + verify (overlaps generation)
     pause_s: float = 0.0  # engine paused: the load only
     sync_s: float = 0.0
+    persist_s: float = 0.0  # engine server with a local dir: writing its local copy (after the resume)
 
 
 class DeltaApplier:
@@ -63,7 +64,7 @@ class DeltaApplier:
         self._dtypes = {n: getattr(torch, e.dtype) for n, e in self.baseline.tensors.items()}
         await self._activate(list(self.state), self.state, 0)
         self.held = 0
-        write_lease(self.root, self.name, 0)
+        await self._loaded(0)
 
     async def _wait_complete(self, version: int) -> None:
         """A publisher on another host may still be writing the index: wait a bounded time."""
@@ -111,9 +112,14 @@ class DeltaApplier:
             stats.pause_s = await self._activate(names, overlay or self.state, target)
             self.state.update(overlay)
             self.held = target
-            write_lease(self.root, self.name, target)
+            await self._loaded(target)
         stats.sync_s = time.perf_counter() - started
         return stats
+
+    async def _loaded(self, version: int) -> None:
+        """The engine and the local copy hold ``version``: renew the lease (engine-server
+        subclasses also persist the copy here)."""
+        write_lease(self.root, self.name, version)
 
     async def _activate(self, names: list[str], source: dict[str, np.ndarray], version: int) -> float:
         entries = self.baseline.tensors if self.baseline else {}

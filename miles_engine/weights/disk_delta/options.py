@@ -34,3 +34,16 @@ class DiskDeltaOptions(BaseModel):
                                "protects versions from garbage collection")
     pause_mode: Literal["abort", "retract", "in_place"] = "retract"
     pull_timeout_s: float = Field(60.0, gt=0, description="how long an engine waits for a version's index")
+    apply_on: Literal["auto", "trainer", "engine"] = Field(
+        "auto", description="where deltas are pulled and patched. engine: each engine server pulls from the "
+        "publish root itself (POST /update_weights_from_disk_delta; our engine server only); trainer: in the "
+        "trainer's process, then loaded through the engine's update_weights; auto: engine for our HTTP engine "
+        "servers, trainer for in-process engines")
+    engine_root: str | None = Field(None, description="apply_on=engine: the publish root as mounted on the engine "
+                                    "hosts (default: root, the same path everywhere)")
+    engine_local_dir: str | None = Field(
+        None, description="apply_on=engine: a directory on each engine host where the engine persists its local "
+        "full copy (safetensors + version, atomically), so a restarted engine resumes from it instead of replaying "
+        "the chain from the baseline; '{engine}' is replaced by the engine's name. None: no persistence")
+    snapshot_every: int = Field(1, ge=1, description="engine_local_dir: persist the copy every N versions (each "
+                                "write is a full-model write on the engine host, after generation resumed)")

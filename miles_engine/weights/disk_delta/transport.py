@@ -4,7 +4,8 @@ engines pull and apply it.
 Per push: check the tensors against the baseline (names, dtypes, shapes, byte sizes) → write
 the version (per-tensor byte diffs against the previous version, zstandard, checksums of the
 final bytes, index last) → every engine syncs (pull + patch + verify while generating, then a
-short pause for the load) → verify every engine's version → garbage-collect old versions.
+short pause for the load; HTTP engine servers do this in their own process, told over HTTP,
+see ``apply_on``) → verify every engine's version → garbage-collect old versions.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from miles_engine.weights.disk_delta.errors import DiskDeltaError, LineageError
 from miles_engine.weights.disk_delta.layout import INDEX, VersionIndex, read_index, scan, version_dir
 from miles_engine.weights.disk_delta.options import DiskDeltaOptions
 from miles_engine.weights.disk_delta.publisher import DeltaPublisher
+from miles_engine.weights.disk_delta.remote import RemoteDeltaSync, pulls_itself
 from miles_engine.weights.disk_delta.retention import collect
 from miles_engine.weights.protocol import PushStats, engine_name, engines_of, verify_versions
 
@@ -45,6 +47,7 @@ class DiskDeltaStats(PushStats):
     publish_s: float = 0.0
     pull_s: float = 0.0  # slowest engine
     apply_s: float = 0.0  # slowest engine: decompress + patch + verify, overlapping generation
+    persist_s: float = 0.0  # slowest engine server writing its local copy (engine_local_dir)
     versions_collected: int = 0
 
 
@@ -61,7 +64,8 @@ class DiskDeltaTransport:
             raise ValueError("the disk_delta transport needs at least one engine")
         self.baseline: VersionIndex | None = None
         self.publisher: DeltaPublisher | None = None
-        self.appliers: dict[int, DeltaApplier] = {}
+        # per engine: a DeltaApplier in this process, or a RemoteDeltaSync (the engine server pulls itself)
+        self.appliers: dict[int, DeltaApplier | RemoteDeltaSync] = {}
         self._warned_missing = False
 
     # ------------------------------------------------------------------ baseline
@@ -108,11 +112,13 @@ class DiskDeltaTransport:
         await self._ensure_open()
         await asyncio.to_thread(baseline_mod.check_exported, named_tensors, self.baseline)
 
-    async def _appliers(self, engines: list[Any]) -> list[DeltaApplier]:
+    async def _appliers(self, engines: list[Any]) -> list[DeltaApplier | RemoteDeltaSync]:
         fresh = []
         for i, engine in enumerate(engines):
             if id(engine) not in self.appliers:
-                applier = DeltaApplier(engine, self.root, self.options, name=engine_name(engine, i))
+                name = engine_name(engine, i)
+                kind = RemoteDeltaSync if pulls_itself(engine, self.options, name) else DeltaApplier
+                applier = kind(engine, self.root, self.options, name=name)
                 self.appliers[id(engine)] = applier
                 fresh.append(applier)
         try:
@@ -162,6 +168,7 @@ class DiskDeltaTransport:
         stats.pause_s = max(a.pause_s for a in applied)
         stats.pull_s = max(a.pull_s for a in applied)
         stats.apply_s = max(a.apply_s for a in applied)
+        stats.persist_s = max(a.persist_s for a in applied)
         await verify_versions(engines, version)
         stats.versions_collected = len(await asyncio.to_thread(
             collect, self.root, self.options.retain, self.options.lease_ttl_s))
