@@ -78,6 +78,8 @@ class ServedTeacher:
             err = body.get("error")
             if isinstance(err, dict) and err.get("message"):
                 return str(err["message"])
+            if isinstance(err, str) and err:  # SGLang's API-key middleware: {"error": "Unauthorized"}
+                return err
             for key in ("message", "detail"):
                 if body.get(key):
                     return str(body[key])

@@ -76,7 +76,7 @@ def fake_sglang_app(model_dir: Path, tokenizer: Any, *, api_key: str | None = No
     from fastapi.responses import JSONResponse
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     app = FastAPI()
     app.state.faults = []  # consumed one per /generate: "503", "drop", "short", "shift", "garbage", "400"
     app.state.generate_calls = 0
