@@ -20,7 +20,11 @@ from miles_engine.engines.launch import ServerProcess
 from miles_engine.engines.protocol import GenerateRequest, SamplingParams
 from miles_engine.weights import create_transport
 from miles_engine.weights.disk_delta import chain
-from miles_engine.weights.disk_delta.errors import ChecksumError, LineageError, TornVersionError
+from miles_engine.weights.disk_delta.errors import (
+    ChecksumError,
+    LineageError,
+    TornVersionError,
+)
 from miles_engine.weights.disk_delta.layout import INDEX, scan, version_dir
 from miles_engine.weights.disk_delta.remote import RemoteDeltaSync
 from miles_engine.weights.disk_delta.retention import collect, lease_path
@@ -247,3 +251,26 @@ def test_local_copy_of_another_lineage_is_not_used_and_a_dir_has_one_owner(tmp_p
     assert store.load(tmp_path / "c", index_a) is None and "'model.norm.weight' patched to" in store.rejected
     store.close()
     LocalCopyStore(tmp_path / "local").close()  # released: the next engine process may take it
+
+
+def test_apply_on_engine_needs_our_engine_server(tmp_path: Path) -> None:
+    import httpx
+
+    from miles_engine.errors import ConfigError
+    from miles_engine.weights.disk_delta.errors import DiskDeltaError
+    from miles_engine.weights.disk_delta.options import DiskDeltaOptions
+    from miles_engine.weights.disk_delta.remote import pulls_itself
+
+    sglang = HttpEngine("http://127.0.0.1:9", name="sglang-0",
+                        transport=httpx.MockTransport(lambda _: httpx.Response(404, json={"detail": "Not Found"})))
+    with pytest.raises(DiskDeltaError, match=r"engine http://127.0.0.1:9 has no /update_weights_from_disk_delta.*"
+                                             r"apply_on=trainer"):
+        run(sglang.update_weights_from_disk_delta(str(tmp_path), 1, engine="sglang-0"), 10)
+    run(sglang.aclose(), 10)
+    auto, forced = DiskDeltaOptions(), DiskDeltaOptions(apply_on="engine")
+    assert pulls_itself(sglang, auto, "sglang-0") is False  # a real SGLang server: the trainer applies
+    sglang.is_miles_server = True
+    assert pulls_itself(sglang, auto, "e") and pulls_itself(sglang, forced, "e")
+    assert not pulls_itself(sglang, DiskDeltaOptions(apply_on="trainer"), "e")
+    with pytest.raises(ConfigError, match="apply_on=engine, but local-0 .*not an HTTP engine"):
+        pulls_itself(object(), forced, "local-0")

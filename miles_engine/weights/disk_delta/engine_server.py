@@ -63,7 +63,6 @@ class DeltaSyncRequest(BaseModel):
 
 def _engine_applier_class() -> type:
     """Defined lazily: the applier imports numpy, the server must start without it."""
-    from miles_engine.weights.disk_delta import baseline as baseline_mod
     from miles_engine.weights.disk_delta.applier import ApplyStats, DeltaApplier
     from miles_engine.weights.disk_delta.errors import LineageError
     from miles_engine.weights.disk_delta.layout import read_index
@@ -219,7 +218,7 @@ def add_disk_delta_routes(app: Any, engine: Any, *, update_lock: asyncio.Lock,
         except DiskDeltaError as exc:
             log.warning("disk_delta sync to version %d refused: %s", req.version, exc)
             return refused(409, str(exc), type(exc).__name__)
-        except Exception as exc:  # noqa: BLE001 - the server keeps serving its old weights
+        except Exception as exc:
             log.exception("disk_delta sync to version %d failed", req.version)
             return refused(500, f"disk_delta sync to version {req.version} failed: {type(exc).__name__}: {exc}",
                            "InternalServerError")

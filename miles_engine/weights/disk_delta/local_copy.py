@@ -35,7 +35,14 @@ import numpy as np
 
 from miles_engine.weights.disk_delta import codec
 from miles_engine.weights.disk_delta.errors import DiskDeltaError
-from miles_engine.weights.disk_delta.layout import INDEX, VersionIndex, fsync_dir, scan, version_dir, write_json
+from miles_engine.weights.disk_delta.layout import (
+    INDEX,
+    VersionIndex,
+    fsync_dir,
+    scan,
+    version_dir,
+    write_json,
+)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +78,7 @@ class LocalCopyStore:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise DiskDeltaError(f"engine-local copy directory {self.directory}: cannot create it: {exc}") from None
-        self._lock = open(self.directory / LOCK, "a+")
+        self._lock = open(self.directory / LOCK, "a+")  # noqa: SIM115 - held open for the flock
         try:
             fcntl.flock(self._lock.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -124,7 +131,7 @@ class LocalCopyStore:
         state: dict[str, np.ndarray] = {}
         try:
             with safe_open(str(self.directory / file), framework="pt") as handle:
-                for name in handle.keys():
+                for name in handle.keys():  # noqa: SIM118 - a safetensors handle, not a dict
                     data = codec.canonical(handle.get_tensor(name))
                     entry = baseline.tensors.get(name)
                     if entry is None or data.size != entry.nbytes:

@@ -29,7 +29,9 @@ class DiskDeltaOptions(BaseModel):
     retain: int | None = Field(
         None, ge=1, description="keep the newest N delta versions (plus the baseline and every version a live "
         "engine still needs); None keeps all. A fresh engine or trainer replays the chain from the baseline, "
-        "so a run that must restart engines from scratch needs the whole chain")
+        "so a run that must restart engines from scratch needs the whole chain; an engine server with "
+        "engine_local_dir resumes from its persisted copy and needs only the versions after it (its lease "
+        "protects them for lease_ttl_s while it is down)")
     lease_ttl_s: float = Field(600.0, gt=0, description="an engine lease older than this is dead: it no longer "
                                "protects versions from garbage collection")
     pause_mode: Literal["abort", "retract", "in_place"] = "retract"
