@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from miles_engine import hookimpl
 from miles_engine.components import Component
-
 from miles_teacher_served.options import ServedTeacherOptions
 from miles_teacher_served.teacher import ServedTeacher
 

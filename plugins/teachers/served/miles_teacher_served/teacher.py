@@ -27,7 +27,6 @@ import httpx
 from miles_engine.errors import ConfigError
 from miles_engine.teachers.compat import VocabFingerprint, fingerprint_tokenizer
 from miles_engine.teachers.protocol import ScoreRequest, TeacherError, TokenScores
-
 from miles_teacher_served.options import ServedTeacherOptions
 from miles_teacher_served.wire import read_scores, request_body
 

@@ -99,8 +99,8 @@ def read_scores(data: Any, req: ScoreRequest, body: dict[str, Any], start: int, 
         asked = body.get("token_ids_logprob")
         got = r.entries("input_token_ids_logprobs", n_entries) if asked else None
         for j, (p, cands) in enumerate(zip(req.positions, req.candidate_ids)):
-            by_id = dict((t, lp) for lp, t in r.candidates("input_token_ids_logprobs", got[p - start],
-                                                            f"[{p - start}]")) if got is not None else {}
+            by_id = {t: lp for lp, t in r.candidates("input_token_ids_logprobs", got[p - start],
+                                                      f"[{p - start}]")} if got is not None else {}
             missing = [c for c in cands if int(c) not in by_id]
             if missing:
                 raise r.fail(f"input_token_ids_logprobs[{p - start}]", f"lacks the asked ids {missing[:5]}")

@@ -12,7 +12,7 @@ _HERE = str(Path(__file__).resolve().parent)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
 
-from served_testkit import ServerThread, fake_sglang_app, make_model_dir, tiny_tokenizer  # noqa: E402
+from served_testkit import ServerThread, fake_sglang_app, make_model_dir, tiny_tokenizer
 
 
 @pytest.fixture(scope="session")

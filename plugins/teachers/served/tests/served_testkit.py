@@ -14,7 +14,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -55,7 +55,7 @@ class ServerThread:
         self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_keep_alive=5))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
-    def __enter__(self) -> ServerThread:
+    def __enter__(self) -> Self:
         self.thread.start()
         deadline = time.monotonic() + 30
         while not self.server.started:
@@ -64,7 +64,7 @@ class ServerThread:
             time.sleep(0.02)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
         self.sock.close()
@@ -96,7 +96,7 @@ def fake_sglang_app(model_dir: Path, tokenizer: Any, *, api_key: str | None = No
     @app.post("/v1/tokenize")
     async def tokenize(body: dict[str, Any]) -> dict[str, Any]:
         special = body.get("add_special_tokens", True)
-        enc = lambda t: tokenizer.backend.encode(t, add_special_tokens=special).ids  # noqa: E731
+        enc = lambda t: tokenizer.backend.encode(t, add_special_tokens=special).ids
         prompt = body["prompt"]
         if isinstance(prompt, str):
             return {"tokens": enc(prompt), "count": len(enc(prompt)), "max_model_len": 256}

@@ -8,16 +8,20 @@ import socket
 from pathlib import Path
 
 import pytest
+from miles_teacher_served import ServedTeacher, ServedTeacherOptions
 
 from miles_engine.errors import ConfigError
 from miles_engine.hub import Hub
 from miles_engine.rollout.types import Trajectory
 from miles_engine.teachers.compat import PROBE_TEXT
-from miles_engine.teachers.inprocess import LocalTeacher, LocalTeacherOptions, ModelScorer
+from miles_engine.teachers.inprocess import (
+    LocalTeacher,
+    LocalTeacherOptions,
+    ModelScorer,
+)
 from miles_engine.teachers.protocol import ScoreRequest, TeacherError
 from miles_engine.teachers.routing import TeacherRouter
 from miles_engine.teachers.scoring import TeacherScoring
-from miles_teacher_served import ServedTeacher, ServedTeacherOptions
 
 pytestmark = pytest.mark.timeout(60)
 KEY_ENV = "FAKE_SGLANG_KEY"
@@ -76,7 +80,6 @@ def test_unreachable_url_is_one_error_naming_it(row: list[int]) -> None:
 def test_malformed_answers_are_refused_naming_the_field(sglang, row: list[int], fault: str, message: str) -> None:
     assert len(row) == 9, row  # the messages above count this row's tokens
     sglang.app.state.faults.append(fault)
-    before = sglang.app.state.scoring_calls
     with pytest.raises(TeacherError, match=message):
         _score(_teacher(sglang.url), [ScoreRequest(row, list(range(1, len(row))))])
     assert sglang.app.state.faults == []  # one request: refusals are not retried
@@ -167,5 +170,5 @@ def test_scoring_step_over_http_matches_the_local_teacher(mode: str, miles_serve
     assert max(abs(a - b) for a, b in zip(served.teacher_logprobs, local.teacher_logprobs)) <= 1e-5
     assert served.teacher_candidate_ids == local.teacher_candidate_ids
     if mode != "sampled":
-        flat = lambda t: [v for row in t.teacher_candidate_logprobs for v in row]  # noqa: E731
+        flat = lambda t: [v for row in t.teacher_candidate_logprobs for v in row]
         assert max((abs(a - b) for a, b in zip(flat(served), flat(local))), default=0.0) <= 1e-5

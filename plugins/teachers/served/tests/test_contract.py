@@ -7,12 +7,12 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from miles_teacher_served import ServedTeacher, ServedTeacherOptions
 
 from miles_engine.hub import Hub
 from miles_engine.teachers.inprocess import LocalTeacher, LocalTeacherOptions
 from miles_engine.teachers.protocol import ScoreRequest
 from miles_engine.testing.teacher import TeacherContract
-from miles_teacher_served import ServedTeacher, ServedTeacherOptions
 
 pytestmark = pytest.mark.timeout(120)
 
