@@ -125,9 +125,10 @@ def _engine_applier_class() -> type:
                 try:
                     self.persist_s = await asyncio.to_thread(store.save, self.root, self.baseline, version,
                                                              dict(self.state))
-                except OSError as exc:  # the engine serves the new version; only a restart loses out
-                    log.error("disk_delta: engine %s could not persist its copy of version %d in %s: %s",
-                              self.name, version, store.directory, exc)
+                except Exception:  # the engine serves the new version: only a restart would lose out
+                    log.exception("disk_delta: engine %s could not persist its copy of version %d in %s (the "
+                                  "lease keeps protecting version %s)", self.name, version, store.directory,
+                                  store.version)
             # the lease protects what this engine would need after a restart
             durable = version if store is None else min(version, store.version or 0)
             write_lease(self.root, self.name, durable)

@@ -1,7 +1,8 @@
 """Engine leases and garbage collection of old versions.
 
 Each engine writes ``ROOT/leases/<engine>.json`` (the version it holds, refreshed on every
-apply). Rule: a complete version ``v`` is deleted only when all hold:
+apply; an engine server persisting its local copy leases the copy's version instead, the one
+it would resume from after a restart — see :mod:`.local_copy`). Rule: a complete version ``v`` is deleted only when all hold:
   - ``v`` is not the baseline (version 0);
   - ``v`` is not among the newest ``retain`` complete versions;
   - ``v`` is <= the version every live engine holds (an engine holding ``h`` needs every
