@@ -104,6 +104,8 @@ class TrainingStack:
         self.transport = create_transport(cfg.weights.transport, self.engine, check=cfg.weights.check,
                                           **self._transport_options())
         self._closers.insert(0, self.transport.close)
+        if self.resumed is not None and hasattr(self.transport, "rewind"):  # disk_delta: drop the abandoned future
+            await self.transport.rewind(int(self.resumed.manifest["weight_version"]))
         preflight = getattr(self.transport, "preflight", None)
         if preflight is not None:  # disk_delta: what the trainer exports must match its baseline, before training
             await preflight(await asyncio.to_thread(lambda: list(self.trainer.named_tensors())))

@@ -210,3 +210,35 @@ def test_a_fresh_engine_pulls_the_whole_chain_it_lacks(tmp_path: Path) -> None:
         await late.aclose()
 
     run(main(), 60)
+
+
+def test_a_resumed_run_rewinds_the_versions_published_after_its_checkpoint(tmp_path: Path) -> None:
+    first = _engine()
+    trainer = _trainer(first)
+
+    async def main() -> None:
+        transport = create_transport("disk_delta", first, root=str(tmp_path))
+        for version in (1, 2, 3):
+            _step(trainer, ["model.norm.weight"], seed=version)
+            await transport.push(trainer.named_parameters(), version=version)
+            if version == 1:
+                at_checkpoint = copy.deepcopy(trainer)
+        await transport.close()
+        await first.aclose()
+        # the run crashed after publishing 3; it resumes from its checkpoint at version 1 and trains differently
+        late = _engine()
+        resumed = create_transport("disk_delta", late, root=str(tmp_path))
+        without = create_transport("disk_delta", _engine(), root=str(tmp_path))
+        _step(at_checkpoint, ["model.norm.weight"], seed=99)
+        with pytest.raises(LineageError, match="only move forward"):  # what happens without the rewind
+            await without.push(at_checkpoint.named_parameters(), version=2)
+        assert await resumed.rewind(1) == [2, 3]
+        assert scan(tmp_path) == ([0, 1], [])
+        await resumed.push(at_checkpoint.named_parameters(), version=2)
+        assert late.weight_version == 2
+        assert differing(digests(late.model.state_dict()), digests(at_checkpoint.state_dict())) == []
+        assert await resumed.rewind(2) == []  # nothing newer: a no-op
+        await resumed.close()
+        await late.aclose()
+
+    run(main(), 60)

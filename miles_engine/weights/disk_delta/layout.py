@@ -132,3 +132,22 @@ def write_index(root: Path, index: VersionIndex) -> Path:
 
 def write_json(path: Path, payload: dict) -> None:
     write_durable(path, json.dumps(payload, indent=1).encode())
+
+
+def discard_after(root: Path, version: int) -> list[int]:
+    """Remove every version newer than ``version``, complete or torn; returns their numbers.
+
+    Each index goes first (durably), so a crash midway leaves torn versions, which are never
+    activated and are cleaned up on the next open, rather than a hole in a complete chain."""
+    import shutil
+
+    complete, torn = scan(root)
+    doomed = sorted(v for v in (*complete, *torn) if v > version)
+    for v in reversed(doomed):  # newest first: the chain below stays contiguous throughout
+        d = version_dir(root, v)
+        (d / INDEX).unlink(missing_ok=True)
+        fsync_dir(d)
+        shutil.rmtree(d, ignore_errors=True)
+    if doomed:
+        fsync_dir(Path(root))
+    return doomed

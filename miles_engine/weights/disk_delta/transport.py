@@ -25,7 +25,7 @@ from miles_engine.weights.disk_delta import baseline as baseline_mod
 from miles_engine.weights.disk_delta import chain, codec
 from miles_engine.weights.disk_delta.applier import DeltaApplier
 from miles_engine.weights.disk_delta.errors import DiskDeltaError, LineageError
-from miles_engine.weights.disk_delta.layout import INDEX, VersionIndex, read_index, scan, version_dir
+from miles_engine.weights.disk_delta.layout import INDEX, VersionIndex, discard_after, read_index, scan, version_dir
 from miles_engine.weights.disk_delta.options import DiskDeltaOptions
 from miles_engine.weights.disk_delta.publisher import DeltaPublisher
 from miles_engine.weights.disk_delta.remote import RemoteDeltaSync, pulls_itself
@@ -106,6 +106,18 @@ class DiskDeltaTransport:
     async def _ensure_open(self) -> None:
         if self.publisher is None:
             await asyncio.to_thread(self._open)
+
+    async def rewind(self, version: int) -> list[int]:
+        """Discard published versions newer than ``version`` before the first push of a resumed
+        run: they belong to the run's abandoned future (published after the checkpoint it resumes
+        from), and the resumed run publishes its own ``version + 1, ...`` in their place. An engine
+        server that already applied one of them refuses the new lineage and must be restarted."""
+        removed = await asyncio.to_thread(discard_after, self.root, version)
+        if removed:
+            log.warning("disk_delta: resuming at weight version %d, discarded published versions %s", version,
+                        removed)
+            self.publisher = None  # re-open: replay the chain up to `version`
+        return removed
 
     async def preflight(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Check what the trainer exports against the baseline (call before training)."""
