@@ -163,12 +163,17 @@ class LocalSandbox:
             if init.stdin is not None:
                 init.stdin.close()
             await process.reap_popen(init, 3.0)
-        self.closed_leftovers = await asyncio.to_thread(
-            procscan.reap_all,
-            uid=self.uid,
-            sandbox_id=self.id,
-            extra_pids=[init.pid] if init is not None and init.returncode is None else [],
-        )
+        if self.namespaced and init is not None and init.returncode is not None and not procscan.pid_alive(self._pid1):
+            # PID 1 of the sandbox's PID namespace is gone, so the kernel has killed everything
+            # in it, and nothing of the sandbox runs outside it: no /proc scan needed.
+            self.closed_leftovers = []
+        else:
+            self.closed_leftovers = await asyncio.to_thread(
+                procscan.reap_all,
+                uid=self.uid,
+                sandbox_id=self.id,
+                extra_pids=[init.pid] if init is not None and init.returncode is None else [],
+            )
         if init is not None and init.returncode is None:
             await process.reap_popen(init, 5.0)
         try:
@@ -186,7 +191,7 @@ class LocalSandbox:
                 os.close(self._scratch_lock)
                 self._scratch_lock = None
             if self.lease is not None:
-                self.lease.release()
+                self.lease.release(clean=not self.closed_leftovers)
         self.backend._forget(self)
 
     async def __aenter__(self) -> LocalSandbox:
