@@ -8,7 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-_EXPORTS = {"SandboxContract": "miles_engine.testing.sandbox", "RewardContract": "miles_engine.testing.reward"}
+_EXPORTS = {
+    "SandboxContract": "miles_engine.testing.sandbox",
+    "EnvironmentContract": "miles_engine.testing.environment",
+    "RewardContract": "miles_engine.testing.reward",
+    "TeacherContract": "miles_engine.testing.teacher",
+}
 
 __all__ = sorted(_EXPORTS)
 

@@ -2,7 +2,9 @@
 
 Real pieces only: a BPE trained at start-up, SFT on noisy demonstrations, the embedded engine,
 the TITO session server over HTTP, local sandbox subprocesses, a trainer in its own process,
-weight pushes every step. Asserts the reward margin, not exact values.
+weight pushes every step. The recipe runs as shipped (both drills, its full SFT warm start: a
+shorter or single-drill SFT leaves a weaker start whose RL rise over ~20 steps sits right at
+the margin), only with fewer RL steps. Asserts the reward margin, not exact values.
 """
 
 from __future__ import annotations
@@ -16,13 +18,7 @@ from click.testing import CliRunner
 
 from miles_engine.cli.main import cli
 
-SHORT = [
-    "environment.options.kinds=[echo]",
-    "sft.demos=4000", "sft.epochs=4", "trainer.sft.lr_schedule.total_steps=500",
-    "rollout.groups_per_step=4", "rollout.max_inflight=32",
-    "run.steps=20", "run.max_minutes=5",
-    "metrics.progress=false",
-]
+SHORT = ["run.steps=16", "run.max_minutes=6", "run.checkpoint_every=8", "metrics.progress=false"]
 
 
 def moving_average(values: list[float], k: int = 3) -> list[float]:
@@ -30,7 +26,7 @@ def moving_average(values: list[float], k: int = 3) -> list[float]:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(420)
+@pytest.mark.timeout(600)
 def test_tiny_terminal_recipe_learns(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["train", "tiny-terminal", *SHORT, f"run.out_dir={tmp_path}", "run.name=e2e"],
                                 catch_exceptions=False)
@@ -46,5 +42,6 @@ def test_tiny_terminal_recipe_learns(tmp_path: Path) -> None:
     assert max(ma) - ma[0] >= 0.3, f"3-step moving average did not rise by 0.3: {ma}"
     assert all(r["rollout/failed"] == 0 for r in train)
     assert all(r.get("tito/mismatch_bug_rate", 0.0) == 0.0 for r in train)
+    assert all("tis/ratio_mean" in r for r in train)  # where the report's TIS panel reads it
     assert max(r["weights/version"] for r in train) > train[0]["weights/version"]  # pushed every step
     assert (run / "checkpoints").is_dir() and any((run / "checkpoints").iterdir())
