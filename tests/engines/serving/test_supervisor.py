@@ -56,7 +56,7 @@ def test_sigkill_mid_generation_restarts_with_same_weights_and_retries_requests(
             assert await sup.update_weights(pushed, version=3) == 3
             greedy = GenerateRequest([5, 6, 7], SamplingParams(temperature=0.0, max_new_tokens=8))
             before = await sup.generate(greedy)
-            reqs = [GenerateRequest([1 + i, 2, 3], SamplingParams(max_new_tokens=300, seed=i), session_id=f"s{i}")
+            reqs = [GenerateRequest([1 + i, 2, 3], SamplingParams(max_new_tokens=3000, seed=i), session_id=f"s{i}")
                     for i in range(6)]
             tasks = [asyncio.create_task(sup.generate(r)) for r in reqs]
             await asyncio.sleep(0.4)
@@ -67,6 +67,11 @@ def test_sigkill_mid_generation_restarts_with_same_weights_and_retries_requests(
             old = sup.process.pid
             os.killpg(old, signal.SIGKILL)
             results = await asyncio.wait_for(asyncio.gather(*tasks), 90)
+            # the requests may all have finished just before the kill: then only the monitor sees the death
+            for _ in range(300):
+                if sup.restarts:
+                    break
+                await asyncio.sleep(0.1)
             pgids.append(sup.process.pid)
             assert sup.restarts == 1 and sup.process.pid != old and group_gone(old)
             for r, res, was_running in zip(reqs, results, running):
