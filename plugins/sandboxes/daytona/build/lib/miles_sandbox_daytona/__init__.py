@@ -1,1 +1,0 @@
-"""miles sandbox plugin: Daytona cloud sandboxes."""

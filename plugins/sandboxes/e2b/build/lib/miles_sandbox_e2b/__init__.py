@@ -1,1 +1,0 @@
-"""miles sandbox plugin: E2B cloud sandboxes."""

@@ -1,1 +1,0 @@
-"""miles sandbox plugin: Modal sandboxes."""
