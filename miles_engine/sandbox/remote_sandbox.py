@@ -18,13 +18,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import io
-import os
 import posixpath
 import secrets
-import shutil
-import tarfile
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -56,6 +51,7 @@ from miles_engine.sandbox.remote_exec import (
     parse_status,
     q,
 )
+from miles_engine.sandbox.tarball import pack_dir, pack_files, unpack_into
 
 OWNED_SCRIPT_TIMEOUT_S = 300.0  # our own file-moving scripts
 _REPLY_SLACK_S = 30.0  # on top of timeout + grace: how long the SDK call may take end to end
@@ -141,7 +137,7 @@ class RemoteSandbox:
         dirs = [EXEC_ROOT, STAGING_ROOT, self.workdir, *self.spec.paths]
         script = "set -e; mkdir -p -- " + " ".join(q(d) for d in dirs)
         if self.spec.files:
-            payload = _tar_files({self.resolve(p): d for p, d in self.spec.files.items()})
+            payload = pack_files({self.resolve(p): d for p, d in self.spec.files.items()})
             staged = await self._stage(payload, "seed.tar")
             script += f"; tar -x --no-same-owner -f {q(staged)} -C /; rm -f -- {q(staged)}"
         await self._owned(script + "\n", "preparing the sandbox")
@@ -318,7 +314,7 @@ class RemoteSandbox:
         local = Path(local)
         if not local.is_dir():
             raise NotADirectoryError(f"upload_dir: '{local}' is not a directory")
-        payload = await asyncio.to_thread(_tar_dir, local)
+        payload = await asyncio.to_thread(pack_dir, local)
         staged = await self._stage(payload, "upload.tar")
         target = self.resolve(remote)
         await self._owned(
@@ -350,7 +346,7 @@ class RemoteSandbox:
             raise SandboxError(f"download_dir '{remote}': more than max_transfer_mb={self.opts.max_transfer_mb}")
         payload = await self._get(staged, f"download_dir from '{remote}'")
         self._trash.append(staged)
-        await asyncio.to_thread(_untar, payload, local)
+        await asyncio.to_thread(unpack_into, payload, local)
 
     # ---------------------------------------------------------------- plumbing
     def _take_trash(self) -> list[str]:
@@ -390,67 +386,6 @@ class RemoteSandbox:
 
     def __repr__(self) -> str:
         return f"<RemoteSandbox {self.provider} {self.id} {'closed' if self._closed else 'open'}>"
-
-
-def _tar_files(files: Mapping[str, bytes | str]) -> bytes:
-    buf = io.BytesIO()
-    now = time.time()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for target, content in files.items():
-            data = content.encode() if isinstance(content, str) else bytes(content)
-            info = tarfile.TarInfo(target.lstrip("/"))
-            info.size, info.mode, info.mtime = len(data), 0o644, now
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def _tar_dir(local: Path) -> bytes:
-    def owner_free(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        return info
-
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for entry in sorted(local.iterdir()):
-            tar.add(entry, arcname=entry.name, filter=owner_free)
-    return buf.getvalue()
-
-
-def _untar(payload: bytes, local: Path) -> None:
-    """Unpack with tarfile's "data" filter (no absolute paths, no links leaving ``local``, no
-    devices); members it rejects are skipped. Written to a temp dir first so a failure leaves
-    nothing half-extracted at ``local``."""
-    local.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".miles-download-", dir=local.parent))
-    try:
-        with tarfile.open(fileobj=io.BytesIO(payload), mode="r") as tar:
-            tar.extractall(tmp, filter=_safe_member)
-        local.mkdir(parents=True, exist_ok=True)
-        for entry in tmp.iterdir():
-            dest = local / entry.name
-            if dest.is_dir() and not dest.is_symlink() and entry.is_dir():
-                _merge(entry, dest)
-            else:
-                os.replace(entry, dest)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _safe_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    try:
-        return tarfile.data_filter(member, dest)
-    except tarfile.FilterError:
-        return None
-
-
-def _merge(src: Path, dest: Path) -> None:
-    for entry in src.iterdir():
-        target = dest / entry.name
-        if target.is_dir() and not target.is_symlink() and entry.is_dir():
-            _merge(entry, target)
-        else:
-            os.replace(entry, target)
 
 
 async def start_remote_sandbox(

@@ -8,16 +8,15 @@ or overwrite its own files.
 from __future__ import annotations
 
 import asyncio
-import io
 import os
 import tarfile
 import tempfile
-import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from miles_engine.errors import SandboxError
+from miles_engine.sandbox.tarball import pack_dir, pack_files, safe_member
 
 if TYPE_CHECKING:
     from miles_engine.sandbox.local.sandbox import LocalSandbox
@@ -73,25 +72,11 @@ async def read_file(sb: LocalSandbox, path: str, max_bytes: int | None = None) -
     return raw.stdout
 
 
-def _tar_members(files: Mapping[str, bytes], resolve) -> tuple[bytes, list[str]]:
-    buf = io.BytesIO()
-    dirs: set[str] = set()
-    now = time.time()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        for path, content in files.items():
-            target = resolve(path)
-            dirs.add(os.path.dirname(target))
-            data = content.encode() if isinstance(content, str) else bytes(content)
-            info = tarfile.TarInfo(target.lstrip("/"))
-            info.size, info.mode, info.mtime = len(data), 0o644, now
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue(), sorted(dirs)
-
-
 async def put_files(sb: LocalSandbox, files: Mapping[str, bytes], *, mkdirs: Sequence[str] = ()) -> None:
     """Write many files (the spec's initial files) with one command."""
-    payload, dirs = await asyncio.to_thread(_tar_members, files, sb.resolve)
-    dirs = sorted(set(dirs) | {sb.resolve(d) for d in mkdirs})
+    resolved = {sb.resolve(p): content for p, content in files.items()}
+    payload = await asyncio.to_thread(pack_files, resolved)
+    dirs = sorted({os.path.dirname(t) for t in resolved} | {sb.resolve(d) for d in mkdirs})
     raw = await sb.run_raw(
         ["/bin/sh", "-c", _UNTAR, "sh", *dirs], cwd="/", stdin=payload, timeout_s=FILEOP_TIMEOUT_S, max_output=64 << 10
     )
@@ -99,50 +84,21 @@ async def put_files(sb: LocalSandbox, files: Mapping[str, bytes], *, mkdirs: Seq
         raise _fail(sb, "writing initial files under", ", ".join(dirs), raw)
 
 
-def _pack(local: Path) -> str:
-    fd, name = tempfile.mkstemp(prefix="miles-upload-", suffix=".tar")
-    os.close(fd)
-
-    def owner_free(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        return info
-
-    with tarfile.open(name, "w") as tar:
-        for entry in sorted(local.iterdir()):
-            tar.add(entry, arcname=entry.name, filter=owner_free)
-    return name
-
-
 async def upload_dir(sb: LocalSandbox, local: Path | str, remote: str) -> None:
     """Copy the contents of host dir ``local`` into sandbox dir ``remote`` (created)."""
     local = Path(local)
     if not local.is_dir():
         raise NotADirectoryError(f"upload_dir: '{local}' is not a directory")
-    tar_path = await asyncio.to_thread(_pack, local)
-    try:
-        with open(tar_path, "rb") as f:
-            payload = await asyncio.to_thread(f.read)
-        raw = await sb.run_raw(
-            ["/bin/sh", "-c", _UNTAR_AT, "sh", sb.resolve(remote)],
-            cwd="/",
-            stdin=payload,
-            timeout_s=FILEOP_TIMEOUT_S,
-            max_output=64 << 10,
-        )
-    finally:
-        os.unlink(tar_path)
+    payload = await asyncio.to_thread(pack_dir, local)
+    raw = await sb.run_raw(
+        ["/bin/sh", "-c", _UNTAR_AT, "sh", sb.resolve(remote)],
+        cwd="/",
+        stdin=payload,
+        timeout_s=FILEOP_TIMEOUT_S,
+        max_output=64 << 10,
+    )
     if raw.exit_code != 0:
         raise _fail(sb, "upload_dir to", remote, raw)
-
-
-def _safe_member(member: tarfile.TarInfo, dest: str) -> tarfile.TarInfo | None:
-    """tarfile's "data" filter (no absolute paths, no links leaving ``dest``, no devices,
-    no setuid bits); a member it rejects is skipped rather than failing the download."""
-    try:
-        return tarfile.data_filter(member, dest)
-    except tarfile.FilterError:
-        return None
 
 
 def _inside(dest: str, path: str) -> bool:
@@ -178,7 +134,7 @@ def _unpack(tar_path: str, local: Path) -> None:
     local.mkdir(parents=True, exist_ok=True)
     with tarfile.open(tar_path, "r") as tar:
         if hasattr(tarfile, "data_filter"):
-            tar.extractall(local, filter=_safe_member)
+            tar.extractall(local, filter=safe_member)
         else:
             tar.extractall(local, members=_safe_members_compat(tar, str(local)))  # noqa: S202 - filtered above
 
