@@ -36,10 +36,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field
-
 from miles_env_terminal_tasks.drills.options import DrillOptions
 from miles_env_terminal_tasks.drills.source import ShellDrillsSource
+from pydantic import Field
 
 
 # ====================================================================================== the environment
@@ -191,7 +190,7 @@ def _f(v: float | None, digits: int = 2) -> str:
 
 def main() -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from bench.rl_common import checkpoint_in_subprocess, load_info, run_miles
+    from bench.rl_common import checkpoint_in_subprocess, finish, load_info, run_miles
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: tiny SFT, 1 seed, 4 steps per run")
@@ -245,12 +244,7 @@ def main() -> None:
             print(f"  {r['steps']} steps, {r['steps_per_s'] or 0:.3f} steps/s, idle {r['idle'] or 0:.2f}, "
                   f"failed trajectories {r['failed']:.0f}, wall {r['wall_s']:.0f} s", flush=True)
     text = report(runs, args, ckpt_info)
-    print()
-    print(text)
-    print(f"\ntotal {time.perf_counter() - t0:.0f} s; {load_info()}; results in {out / 'results.json'}")
-    (out / "results.json").write_text(json.dumps({"runs": runs, "checkpoint": ckpt_info, "args": vars(args)},
-                                                 default=str, indent=1))
-    (out / "report.md").write_text(text + "\n")
+    finish(out, text, runs, ckpt_info, args, t0)
 
 
 if __name__ == "__main__":

@@ -226,3 +226,13 @@ def load_info() -> str:
         return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "load average n/a"
+
+
+def finish(out: Path, text: str, runs: list[dict[str, Any]], ckpt_info: dict[str, Any], args: Any, t0: float) -> None:
+    """Print the report and write ``results.json`` + ``report.md`` under ``out``."""
+    print()
+    print(text)
+    print(f"\ntotal {time.perf_counter() - t0:.0f} s; {load_info()}; results in {out / 'results.json'}")
+    (out / "results.json").write_text(json.dumps({"runs": runs, "checkpoint": ckpt_info, "args": vars(args)},
+                                                 default=str, indent=1))
+    (out / "report.md").write_text(text + "\n")

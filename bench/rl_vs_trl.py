@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ from bench.rl_common import (  # noqa: E402
     PYTHON,
     checkpoint_in_subprocess,
     child_env,
+    finish,
     load_info,
     med,
     med_range,
@@ -394,12 +394,7 @@ def main() -> None:
             print(f"  {r['steps']} steps, {r['samples_per_s'] or 0:.1f} samples/s steady, "
                   f"{r['step_s'] or 0:.2f} s/step, wall {r['wall_s']:.0f} s, rewards {r['curve']}", flush=True)
     text = report(runs, ckpt_info, args)
-    print()
-    print(text)
-    print(f"\ntotal {time.perf_counter() - t0:.0f} s; {load_info()}; results in {out / 'results.json'}")
-    (out / "results.json").write_text(json.dumps({"runs": runs, "checkpoint": ckpt_info, "args": vars(args)},
-                                                 default=str, indent=1))
-    (out / "report.md").write_text(text + "\n")
+    finish(out, text, runs, ckpt_info, args, t0)
 
 
 if __name__ == "__main__":
