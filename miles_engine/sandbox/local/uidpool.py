@@ -26,8 +26,10 @@ def _lock_dir() -> str:
 
 
 # What a uid's lock file says about the processes of that uid when nobody holds the lock.
+# Both 5 bytes: each overwrites the other whole (a shorter marker over a longer one would
+# leave a state that matches neither, and every later lease of that uid would scan /proc).
 _CLEAN = b"clean"  # its last owner saw every process of the sandbox gone at release
-_BUSY = b"busy"    # leased; if found unlocked, its owner died or could not confirm it clean
+_BUSY = b"busy!"   # leased; if found unlocked, its owner died or could not confirm it clean
 
 
 @dataclass
@@ -42,7 +44,7 @@ class UidLease:
             fd, self._fd = self._fd, None
             try:
                 if clean:
-                    os.pwrite(fd, _CLEAN.ljust(len(_BUSY)), 0)
+                    os.pwrite(fd, _CLEAN, 0)
                 fcntl.flock(fd, fcntl.LOCK_UN)
             finally:
                 os.close(fd)
@@ -66,7 +68,7 @@ def lease_uid(base: int, size: int) -> UidLease:
             continue
         # A previous owner may have crashed without closing: nothing of it may survive. A
         # lock file never written (a uid no sandbox used) or marked clean needs no scan.
-        state = os.pread(fd, len(_BUSY), 0).rstrip()
+        state = os.pread(fd, len(_CLEAN), 0)
         os.pwrite(fd, _BUSY, 0)
         if state not in (b"", _CLEAN) and procscan.find_processes(uid=uid):
             procscan.kill_uid(uid)
