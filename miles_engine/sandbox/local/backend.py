@@ -11,7 +11,7 @@ from miles_engine.errors import SandboxError
 from miles_engine.sandbox.local import scratch
 from miles_engine.sandbox.local.options import LocalSandboxOptions
 from miles_engine.sandbox.local.probe import Probe, probe
-from miles_engine.sandbox.local.sandbox import LocalSandbox
+from miles_engine.sandbox.local.sandbox import LocalSandbox, warm_key
 from miles_engine.sandbox.protocol import Capabilities, SandboxSpec, check_supported
 
 
@@ -46,6 +46,9 @@ class LocalSandboxBackend:
         self._sweep = scratch.purge_executor().submit(scratch.sweep_stale, scratch_root)
         self._live: set[LocalSandbox] = set()
         self._purging: set[concurrent.futures.Future[None]] = set()
+        self._warm: dict[tuple[object, ...], list[LocalSandbox]] = {}
+        self._closing = False
+        self.warm_stats = {"created": 0, "reused": 0, "parked": 0}
 
     def capabilities(self) -> Capabilities:
         if self.probe.isolation == "namespace":
@@ -58,16 +61,44 @@ class LocalSandboxBackend:
             "isolation": self.probe.isolation,
             "detail": self.probe.detail,
             "dedicated_uid": self.root,
+            "warm_pool_size": self.options.warm_pool_size if self.probe.tools is not None
+            and self.probe.tools.launcher == "bwrap" else 0,
             "max_processes_enforced": (self.root or self.probe.isolation == "namespace")
             and self.options.max_processes is not None,
         }
 
     async def create(self, spec: SandboxSpec) -> LocalSandbox:
         check_supported(spec, self.capabilities(), backend=self.name)
+        idle = self._warm.get(warm_key(spec)) if self.options.warm_pool_size else None
+        while idle:
+            sb = idle.pop()
+            self._live.add(sb)
+            if await sb.alive():
+                self.warm_stats["reused"] += 1
+                await sb.reuse(spec)
+                return sb
+            await sb.close()  # died while idle (e.g. killed from outside): never reuse, destroy
         sb = LocalSandbox(self, spec)
         self._live.add(sb)
         await sb.start()
+        self.warm_stats["created"] += 1
         return sb
+
+    # Warm pool: a closed namespace sandbox is reset in place (processes killed, writable
+    # dirs emptied) and kept for the next create() with the same mounts and network, which
+    # skips the namespace start (~13 ms of CPU) and teardown.
+    def wants_warm(self, sb: LocalSandbox) -> bool:
+        key = sb.warm_key
+        if key is None or self._closing or not self.options.warm_pool_size:
+            return False
+        return sum(len(v) for v in self._warm.values()) < self.options.warm_pool_size
+
+    def park(self, sb: LocalSandbox) -> None:
+        key = sb.warm_key
+        assert key is not None
+        self._warm.setdefault(key, []).append(sb)
+        self._live.add(sb)
+        self.warm_stats["parked"] += 1
 
     def _forget(self, sb: LocalSandbox) -> None:
         self._live.discard(sb)
@@ -78,7 +109,10 @@ class LocalSandboxBackend:
         fut.add_done_callback(self._purging.discard)
 
     async def aclose(self) -> None:
-        """Close every sandbox this backend still has open and finish removing scratch dirs."""
+        """Close every sandbox this backend still has open (warm ones too) and finish removing
+        scratch dirs."""
+        self._closing = True
+        self._warm.clear()  # every parked sandbox is also in _live
         if self._live:
             await asyncio.gather(*(sb.close() for sb in list(self._live)), return_exceptions=True)
         if self._purging:

@@ -23,10 +23,23 @@ from miles_engine.sandbox.local import process
 EXCLUDED_TOP = frozenset({"proc", "dev", "sys", "tmp", "run", "root", "home", "lost+found", "boot", "media", "mnt"})
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
 READY = "miles-ready"
+RESET_DONE = "miles-reset-done"
 # PID 1 of a sandbox: reaps orphans (bash waits for any child on SIGCHLD), ignores every
 # signal sandboxed code may send it (the kernel drops SIGKILL from inside for PID 1), and
-# exits at EOF on stdin: when we close the pipe, or when this process dies.
-INIT_SCRIPT = f"trap '' INT TERM HUP QUIT USR1 USR2 PIPE ALRM; echo {READY}; while read -r _; do :; done"
+# exits at EOF on stdin: when we close the pipe, or when this process dies. On a line
+# ``reset NONCE`` (a warm sandbox going back to the pool) it kills every other process of
+# the namespace (kill -1 from PID 1 spares only itself), removes System V IPC objects if
+# any exist (builtins only, ipcrm only when needed), and answers ``RESET_DONE NONCE``.
+INIT_SCRIPT = (
+    "trap '' INT TERM HUP QUIT USR1 USR2 PIPE ALRM; echo " + READY + "; "
+    "while read -r cmd nonce; do "
+    "[ \"$cmd\" = reset ] || continue; "
+    "kill -KILL -1 2>/dev/null; "
+    "for f in /proc/sysvipc/shm /proc/sysvipc/sem /proc/sysvipc/msg; do "
+    "l=; { read -r _; read -r l; } < $f 2>/dev/null; "
+    "if [ -n \"$l\" ]; then ipcrm --all 2>/dev/null; break; fi; done; "
+    "echo " + RESET_DONE + " \"$nonce\"; done"
+)
 
 Op = tuple[str, ...]  # ("ro", src, dst) | ("symlink", target, dst) | ("bind", src, dst) | ("tmpfs", dst)
 
@@ -61,7 +74,8 @@ def plan_mounts(mapped: Mapping[str, str], *, public_network: bool, hidden: Sequ
         real = os.path.realpath("/etc/resolv.conf")
         if real.startswith(("/run/", "/mnt/", "/media/")) and os.path.isfile(real):
             ops.append(("ro", real, real))
-    ops.append(("tmpfs", "/home"))
+    if "home" not in mapped_tops:
+        ops.append(("tmpfs", "/home"))
     for path in sorted(mapped, key=lambda p: p.count("/")):
         ops.append(("bind", mapped[path], path))
     for path in hidden:
@@ -69,7 +83,10 @@ def plan_mounts(mapped: Mapping[str, str], *, public_network: bool, hidden: Sequ
     return ops
 
 
-def bwrap_init_argv(tools: Tools, ops: Sequence[Op], *, unshare_net: bool, hostname: str) -> list[str]:
+def bwrap_init_argv(tools: Tools, ops: Sequence[Op], *, unshare_net: bool, hostname: str,
+                    shm_dir: str | None = None) -> list[str]:
+    """``shm_dir``: a host dir bound on /dev/shm, and /dev itself read-only, so every place the
+    sandbox can write is a host dir (what a warm sandbox's reset wipes)."""
     argv = [
         tools.launcher_path,
         "--unshare-user",
@@ -95,13 +112,12 @@ def bwrap_init_argv(tools: Tools, ops: Sequence[Op], *, unshare_net: bool, hostn
             argv += ["--symlink", op[1], op[2]]
         elif kind == "bind":
             argv += ["--bind", op[1], op[2]]
-        elif kind == "tmpfs":
-            argv += ["--tmpfs", op[1]]
+        elif kind == "tmpfs":  # a hidden host dir: empty and read-only
+            argv += ["--tmpfs", op[1], "--remount-ro", op[1]]
+    argv += ["--proc", "/proc", "--dev", "/dev"]
+    if shm_dir is not None:
+        argv += ["--bind", shm_dir, "/dev/shm", "--remount-ro", "/dev"]
     argv += [
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
         "--chdir",
         "/",
         "--clearenv",
@@ -161,24 +177,27 @@ def unshare_init_argv(tools: Tools, ops: Sequence[Op], *, unshare_net: bool, new
     return argv
 
 
+# How nsenter reports a --wdns directory it cannot enter (it exits 1).
+NSENTER_CWD_ERRORS = (b"nsenter: cannot open current working directory", b"nsenter: cannot change directory")
+
+
 def exec_prefix(tools: Tools, init_pid: int, *, net: bool, cwd: str) -> list[str]:
     """argv prefix that runs a command inside the sandbox namespace of ``init_pid``,
-    as (fake) root without capabilities, in ``cwd``."""
+    as (fake) root without capabilities, in ``cwd`` (nsenter's --wdns, not ``env -C``:
+    one exec fewer per command, ~0.7 ms of CPU)."""
     argv = [tools.nsenter, "-t", str(init_pid), "-U", "-m", "-p", "-i", "-u"]
     if net:
         argv.append("-n")
     argv += [
         "-r",
         "--preserve-credentials",
+        "-W",
+        cwd,
         "--",
         tools.setpriv,
         "--bounding-set=-all",
         "--inh-caps=-all",
         "--no-new-privs",
-        "--",
-        tools.env,
-        "-C",
-        cwd,
         "--",
     ]
     return argv
@@ -216,13 +235,16 @@ async def launch(
     timeout_s: float,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start a sandbox namespace; returns the launcher (our child) and the namespace's PID 1.
+    The launcher's stdin and stdout stay open (:func:`reset`); the caller closes them.
 
     On failure the launcher is killed (the caller reaps it) and :class:`SandboxError`
     carries the launcher's own error message.
     """
     ops = plan_mounts(mapped, public_network=public_network, hidden=hidden)
     if tools.launcher == "bwrap":
-        argv = bwrap_init_argv(tools, ops, unshare_net=not public_network, hostname=hostname)
+        shm_dir = os.path.join(scratch_dir, "shm")
+        argv = bwrap_init_argv(tools, ops, unshare_net=not public_network, hostname=hostname,
+                               shm_dir=shm_dir if os.path.isdir(shm_dir) else None)
     else:
         new_root = os.path.join(scratch_dir, "root")
         os.makedirs(new_root, exist_ok=True)
@@ -244,13 +266,57 @@ async def launch(
             **plan.popen_kwargs,
         )
     assert init.stdout is not None
-    line = await process.read_line(init.stdout, timeout_s)
-    init.stdout.close()
+    line = await process.read_line(init.stdout, timeout_s)  # stdout stays open: reset answers on it
     pid1 = child_of(init.pid) if READY.encode() in line else None
     if pid1 is None:
+        init.stdout.close()
         init.kill()
         await process.reap_popen(init, 5.0)
         with open(log_path, "rb") as f:
             detail = f.read()[-500:].decode(errors="replace").strip()
         raise SandboxError(f"could not start a {tools.launcher} sandbox: {detail or 'no output (timed out)'}")
     return init, pid1
+
+
+def children(pid: int) -> list[int] | None:
+    """Direct children of ``pid`` (zombies included); ``None`` if the kernel cannot say."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(x) for x in f.read().split()]
+    except (OSError, ValueError):
+        return None
+
+
+async def reset(init: subprocess.Popen[bytes], pid1: int, timeout_s: float) -> bool:
+    """Kill every process of the namespace but its PID 1 and remove its IPC objects, for the
+    next episode of a warm sandbox. True when confirmed: PID 1 answered with our nonce (code
+    inside can reach its pipes through /proc, but cannot guess the nonce) and has no child
+    left, so no process but PID 1 remains (orphans are re-parented to PID 1, and nothing of
+    the sandbox runs outside its PID namespace). False means: do not reuse this sandbox."""
+    if init.stdin is None or init.stdout is None or init.poll() is not None or children(pid1) is None:
+        return False
+    nonce = os.urandom(8).hex()
+    try:
+        init.stdin.write(f"reset {nonce}\n".encode())
+        init.stdin.flush()
+    except OSError:
+        return False
+    want = f"{RESET_DONE} {nonce}".encode()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    seen = b""
+    while want not in seen:
+        left = deadline - loop.time()
+        if left <= 0:
+            return False
+        chunk = await process.read_line(init.stdout, left)
+        if not chunk:
+            return False
+        seen = seen[-len(want):] + chunk
+    delay = 0.0005
+    while children(pid1):  # killed processes still to be reaped by PID 1
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 0.02)
+    return True

@@ -47,3 +47,8 @@ class LocalSandboxOptions(BaseModel):
         (), description="extra host directories hidden (empty tmpfs) in the namespace tier"
     )
     keep_scratch: bool = Field(False, description="debug: keep scratch dirs after close")
+    warm_pool_size: int = Field(
+        0, ge=0, le=4096,
+        description="closed namespace sandboxes kept warm for reuse: reset in place (every process but the "
+        "namespace's init killed, System V IPC removed, every writable dir emptied) instead of torn down; "
+        "0 = a fresh namespace per sandbox. bubblewrap launcher only")

@@ -120,7 +120,10 @@ def spawn_plan(argv: Sequence[str], limits: Limits, ids: tuple[int, int] | None,
             kw.update(user=ids[0], group=ids[1], extra_groups=[])
         return Spawn(list(argv), kw)
     prlimit, setpriv = tools
-    wrapped = [prlimit, *(f"{_PRLIMIT_FLAGS[res]}={soft}:{hard}" for res, soft, hard in limits.pairs()), "--", setpriv]
+    wrapped = [prlimit, *(f"{_PRLIMIT_FLAGS[res]}={soft}:{hard}" for res, soft, hard in limits.pairs()), "--"]
+    if not (ids or die_with_parent or no_new_privs):
+        return Spawn([*wrapped, *argv], {})
+    wrapped.append(setpriv)
     if ids:
         wrapped += ["--reuid", str(ids[0]), "--regid", str(ids[1]), "--clear-groups"]
     if die_with_parent:

@@ -19,7 +19,29 @@ if TYPE_CHECKING:
     from miles_engine.sandbox.local.backend import LocalSandboxBackend
 
 INIT_TIMEOUT_S = 15.0
+RESET_TIMEOUT_S = 2.0
 _MIB = 1 << 20
+
+
+def mapped_paths(spec: SandboxSpec) -> list[str]:
+    """The sandbox paths a namespace maps onto writable scratch dirs for ``spec``."""
+    paths: list[str] = []
+    for p in (*spec.paths, *scratch.ROOT_DIRS):
+        p = posixpath.normpath(p)
+        if p == "/" or not p.startswith("/"):
+            raise SandboxError(f"sandbox path '{p}' must be an absolute directory other than /")
+        if not any(p == q or p.startswith(q + "/") for q in paths):
+            paths.append(p)
+    wd = posixpath.normpath(spec.workdir or "/")
+    if wd != "/" and not any(wd == q or wd.startswith(q + "/") for q in paths) and not os.path.exists(wd):
+        paths.append(wd)  # a workdir of its own (e.g. /workspace) becomes writable too
+    return paths
+
+
+def warm_key(spec: SandboxSpec) -> tuple[object, ...]:
+    """What a warm sandbox must share with a spec to serve it: the namespace's writable
+    mounts and its network. Files, env, limits and the workdir are applied per use."""
+    return (tuple(sorted(mapped_paths(spec))), spec.network.mode == "public")
 
 
 class LocalSandbox:
@@ -50,6 +72,7 @@ class LocalSandbox:
         self._ttl: asyncio.TimerHandle | None = None
         self._scratch_lock: int | None = None
         self.closed_leftovers: list[procscan.ProcInfo] = []
+        self._parked_pids: frozenset[int] = frozenset()
 
     # ---------------------------------------------------------------- lifecycle
     @property
@@ -75,27 +98,13 @@ class LocalSandbox:
             if self.namespaced:
                 await self._start_namespace()
             await self._seed()
-            if self.spec.ttl_s:
-                loop = asyncio.get_running_loop()
-                self._ttl = loop.call_later(self.spec.ttl_s, lambda: asyncio.ensure_future(self.close()))
+            self._arm_ttl()
         except BaseException:
             await self.close()
             raise
 
     def _mapped_paths(self) -> list[str]:
-        if not self.namespaced:
-            return ["/work"]
-        paths: list[str] = []
-        for p in (*self.spec.paths, *scratch.ROOT_DIRS):
-            p = posixpath.normpath(p)
-            if p == "/" or not p.startswith("/"):
-                raise SandboxError(f"sandbox path '{p}' must be an absolute directory other than /")
-            if not any(p == q or p.startswith(q + "/") for q in paths):
-                paths.append(p)
-        wd = self.workdir
-        if wd != "/" and not any(wd == q or wd.startswith(q + "/") for q in paths) and not os.path.exists(wd):
-            paths.append(wd)  # a workdir of its own (e.g. /workspace) becomes writable too
-        return paths
+        return mapped_paths(self.spec) if self.namespaced else ["/work"]
 
     def _host_path(self, path: str) -> str | None:
         """Host path inside the scratch dir for a sandbox path, or ``None`` if unmapped."""
@@ -154,14 +163,19 @@ class LocalSandbox:
     async def _close(self) -> None:
         if self._ttl is not None:
             self._ttl.cancel()
+        if self.backend.wants_warm(self) and await self._reset_for_reuse():
+            self.backend.park(self._hand_over())
+            self.backend._forget(self)
+            return
         init = self._init
         if init is not None:
             # Killing the namespace's PID 1 makes the kernel kill everything inside; the
             # launcher then reaps it and exits (so nothing is orphaned to the host init).
             if self._pid1 and init.poll() is None:  # launcher alive: pid1 cannot have been recycled
                 procscan.kill_pids([self._pid1])
-            if init.stdin is not None:
-                init.stdin.close()
+            for pipe in (init.stdin, init.stdout):
+                if pipe is not None:
+                    pipe.close()
             await process.reap_popen(init, 3.0)
         if self.namespaced and init is not None and init.returncode is not None and not procscan.pid_alive(self._pid1):
             # PID 1 of the sandbox's PID namespace is gone, so the kernel has killed everything
@@ -194,6 +208,54 @@ class LocalSandbox:
                 self.lease.release(clean=not self.closed_leftovers)
         self.backend._forget(self)
 
+    # ---------------------------------------------------------------- warm reuse
+    @property
+    def warm_key(self) -> tuple[object, ...] | None:
+        """Pool key, or ``None`` when this sandbox cannot be reset in place (process tier;
+        the unshare launcher, whose /dev and /home are tmpfs only code inside can empty)."""
+        tools = self.backend.probe.tools
+        if not self.namespaced or tools is None or tools.launcher != "bwrap" or self.opts.keep_scratch:
+            return None
+        return warm_key(self.spec)
+
+    async def _reset_for_reuse(self) -> bool:
+        """Back to the state of a fresh sandbox: no process but PID 1, no IPC object, every
+        writable dir empty. False (the sandbox is then destroyed) on any doubt."""
+        if self._init is None or self._pid1 is None or self._init.poll() is not None or not procscan.pid_alive(self._pid1):
+            return False
+        if not await namespace.reset(self._init, self._pid1, RESET_TIMEOUT_S):
+            return False
+        dirs = [*self.mapped.values(), os.path.join(self.scratch, "shm")]
+        return await asyncio.to_thread(scratch.wipe, dirs, self.ids)
+
+    def _hand_over(self) -> LocalSandbox:
+        """Move the live namespace, scratch dir and uid lease to a new, unused handle: this
+        one stays closed, so a caller keeping it can never reach the next episode."""
+        fresh = LocalSandbox(self.backend, self.spec)
+        fresh.id = self.id
+        for name in ("scratch", "lease", "ids", "mapped", "host_workdir", "_init", "_pid1", "_pidns", "_scratch_lock"):
+            setattr(fresh, name, getattr(self, name))
+        self._parked_pids = frozenset(p for p in (self._init.pid if self._init else None, self._pid1) if p)
+        self.scratch, self.host_workdir, self.mapped = "", "", {}
+        self.lease, self._init, self._pid1, self._pidns, self._scratch_lock = None, None, None, None, None
+        return fresh
+
+    async def reuse(self, spec: SandboxSpec) -> None:
+        """Serve ``spec`` from this warm sandbox (same :func:`warm_key`): new files, workdir, TTL."""
+        self.spec = spec
+        self.workdir = posixpath.normpath(spec.workdir or "/")
+        try:
+            await self._seed()
+            self._arm_ttl()
+        except BaseException:
+            await self.close()
+            raise
+
+    def _arm_ttl(self) -> None:
+        if self.spec.ttl_s:
+            loop = asyncio.get_running_loop()
+            self._ttl = loop.call_later(self.spec.ttl_s, lambda: asyncio.ensure_future(self.close()))
+
     async def __aenter__(self) -> LocalSandbox:
         return self
 
@@ -207,7 +269,9 @@ class LocalSandbox:
         # A dead namespace's inode number can be reused by a new sandbox: match it only
         # while this sandbox's PID 1 holds it.
         live_ns = self._pidns if not self._closed and procscan.pid_alive(self._pid1) else None
-        return procscan.find_processes(uid=self.uid, sandbox_id=self.id, pidns=live_ns)
+        found = procscan.find_processes(uid=self.uid, sandbox_id=self.id, pidns=live_ns)
+        # Closed into the warm pool: its launcher and init now belong to the parked sandbox.
+        return [p for p in found if p.pid not in self._parked_pids]
 
     # ---------------------------------------------------------------- commands
     async def exec(
@@ -295,7 +359,7 @@ class LocalSandbox:
             work_host = None
         else:
             work_host = work
-        return await process.run(
+        raw = await process.run(
             argv,
             env=full_env,
             cwd=work_host,
@@ -309,6 +373,11 @@ class LocalSandbox:
             stdout_sink=stdout_sink,
             spare_leader=self.namespaced,
         )
+        if self.namespaced and raw.exit_code == 1 and raw.stderr.startswith(namespace.NSENTER_CWD_ERRORS):
+            reason = raw.stderr.decode(errors="replace").rsplit(":", 1)[-1].strip()
+            msg = f"cannot change directory to '{work}': {reason}\n".encode()
+            return process.RawResult(125, b"", msg, raw.timed_out, raw.truncated, raw.duration_s)
+        return raw
 
     def resolve(self, path: str) -> str:
         """A sandbox path as the sandboxed command sees it (namespace) or the host path (process)."""

@@ -13,7 +13,7 @@ import tempfile
 import time
 from collections.abc import Iterable
 
-ROOT_DIRS = ("/tmp", "/root")  # private per sandbox in the namespace tier
+ROOT_DIRS = ("/tmp", "/root", "/home")  # private per sandbox in the namespace tier
 
 
 def fs_dir(scratch: str, sandbox_path: str) -> str:
@@ -22,12 +22,13 @@ def fs_dir(scratch: str, sandbox_path: str) -> str:
 
 def make_scratch(root: str | None, sandbox_id: str, *, mapped: Iterable[str], ids: tuple[int, int] | None) -> str:
     """Create ``<root>/miles-<id>-<random suffix>`` with ``fs/<path>`` for every mapped sandbox path
-    plus ``home`` and ``tmp``; everything owned by the sandbox uid, mode 0700 at the top."""
+    plus ``home``, ``tmp`` and ``shm`` (the namespace's /dev/shm); everything owned by the
+    sandbox uid, mode 0700 at the top."""
     base = root or tempfile.gettempdir()
     os.makedirs(base, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=f"miles-{sandbox_id}-", dir=base)
     made = [scratch]
-    for sub in ("fs", "home", "tmp", *(os.path.join("fs", p.strip("/")) for p in mapped)):
+    for sub in ("fs", "home", "tmp", "shm", *(os.path.join("fs", p.strip("/")) for p in mapped)):
         path = os.path.join(scratch, sub)
         os.makedirs(path, exist_ok=True)
         made.append(path)
@@ -112,6 +113,44 @@ def remove_scratch(scratch: str) -> None:
     shutil.rmtree(scratch, onerror=_force_writable)
     if os.path.exists(scratch):  # second pass after permissions were fixed
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def wipe(dirs: Iterable[str], ids: tuple[int, int] | None, *, budget: int = 2000) -> bool:
+    """Empty ``dirs`` in place (they are bind-mounted into a live namespace, so they cannot be
+    swapped for fresh ones) and give them back their fresh owner and mode. Symlinks are
+    removed, never followed. False when the dirs hold more than ``budget`` entries or one
+    cannot be removed: the caller then discards the whole sandbox instead (fast rename +
+    background delete) rather than spend the event loop's time here."""
+    left = budget
+    for top in dirs:
+        stack = [top]
+        doomed: list[tuple[str, bool]] = []
+        while stack:
+            d = stack.pop()
+            try:
+                with os.scandir(d) as it:
+                    for e in it:
+                        left -= 1
+                        if left < 0:
+                            return False
+                        is_dir = e.is_dir(follow_symlinks=False)
+                        doomed.append((e.path, is_dir))
+                        if is_dir:
+                            stack.append(e.path)
+            except OSError:
+                return False
+        try:
+            for path, is_dir in reversed(doomed):  # children before their parents
+                if is_dir:
+                    os.rmdir(path)
+                else:
+                    os.unlink(path)
+            os.chmod(top, 0o755)
+            if ids is not None:
+                os.chown(top, *ids, follow_symlinks=False)
+        except OSError:
+            return False
+    return True
 
 
 def _mkdirs_owned(path: str, ids: tuple[int, int] | None) -> None:
