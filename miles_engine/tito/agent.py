@@ -47,7 +47,8 @@ async def collect_into(ctx: EpisodeContext, client: SessionClient, keep: bool) -
     report: dict[str, Any] = {"session_id": client.session_id, "trajectories": [], "metrics": {}}
     try:
         if client.session_id:
-            report = await asyncio.wait_for(client.collect(), COLLECT_TIMEOUT_S)
+            fetch = client.collect() if keep else client.collect_and_close()
+            report = await asyncio.wait_for(fetch, COLLECT_TIMEOUT_S)
     except Exception as exc:
         report["error"] = f"could not collect trajectories: {type(exc).__name__}: {exc}"
     finally:

@@ -115,6 +115,12 @@ class SessionClient:
     async def collect(self) -> dict[str, Any]:
         return await self._json("GET", f"{self.url}/sessions/{self.session_id}/trajectories")
 
+    async def collect_and_close(self) -> dict[str, Any]:
+        """:meth:`collect` and :meth:`close` in one request."""
+        report = await self._json("DELETE", f"{self.url}/sessions/{self.session_id}?trajectories=true")
+        self.session_id = ""
+        return report
+
     async def close(self, *, delete: bool = True) -> None:
         if delete and self.session_id:
             await self._request("DELETE", f"{self.url}/sessions/{self.session_id}")

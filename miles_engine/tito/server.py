@@ -7,7 +7,7 @@ Endpoints::
     POST   /sessions                                  {"mode"?, "matcher"?, "metadata"?}
                                                       → {"session_id", "base_url": ".../v1"}
     GET    /sessions/{id}                             summary
-    DELETE /sessions/{id}
+    DELETE /sessions/{id}[?trajectories=true]         also returns the trajectories report
     GET    /sessions/{id}/trajectories                token rows + diagnostic
     POST   /sessions/{id}/v1/chat/completions         OpenAI chat completions (JSON or SSE)
     GET    /sessions/{id}/v1/models
@@ -32,6 +32,7 @@ from miles_engine.tito.errors import BadRequest, TitoError
 from miles_engine.tito.service import SessionManager
 
 log = logging.getLogger(__name__)
+INLINE_REPORT_GENERATIONS = 4  # larger sessions assemble their report off the event loop
 
 
 def create_app(manager: SessionManager) -> FastAPI:
@@ -68,10 +69,11 @@ def create_app(manager: SessionManager) -> FastAPI:
         return manager.metrics()
 
     @app.post("/sessions")
-    async def create_session(request: Request) -> dict[str, Any]:
+    async def create_session(request: Request) -> JSONResponse:
         session = manager.create(await read_json(request, allow_empty=True))
         base = str(request.base_url).rstrip("/")
-        return {"session_id": session.id, "base_url": f"{base}/sessions/{session.id}/v1", "mode": session.mode}
+        return JSONResponse({"session_id": session.id, "base_url": f"{base}/sessions/{session.id}/v1",
+                             "mode": session.mode})
 
     @app.get("/sessions/{session_id}")
     async def get_session(session_id: str) -> dict[str, Any]:
@@ -79,13 +81,22 @@ def create_app(manager: SessionManager) -> FastAPI:
         return {"session_id": s.id, "mode": s.mode, "generations": len(s.nodes),
                 "trajectories": len(s.kept_leaves()), "busy": s.busy, "metadata": s.metadata}
 
+    async def report_of(session_id: str) -> dict[str, Any]:
+        if len(manager.get(session_id).nodes) <= INLINE_REPORT_GENERATIONS:  # a thread hop costs more
+            return manager.trajectories(session_id)
+        return await asyncio.to_thread(manager.trajectories, session_id)
+
     @app.delete("/sessions/{session_id}")
-    async def delete_session(session_id: str) -> dict[str, Any]:
-        return await manager.delete(session_id)
+    async def delete_session(session_id: str, trajectories: bool = False) -> Response:
+        """``?trajectories=true``: the session's trajectories report too (collect and close in
+        one request, the end of every episode)."""
+        report = await report_of(session_id) if trajectories else {}
+        report.update(await manager.delete(session_id))
+        return Response(json.dumps(report, ensure_ascii=False), media_type="application/json")
 
     @app.get("/sessions/{session_id}/trajectories")
     async def trajectories(session_id: str) -> Response:
-        report = await asyncio.to_thread(manager.trajectories, session_id)
+        report = await report_of(session_id)
         return Response(json.dumps(report, ensure_ascii=False), media_type="application/json")
 
     @app.get("/sessions/{session_id}/v1/models")

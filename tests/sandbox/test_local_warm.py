@@ -48,7 +48,7 @@ def test_reuse_starts_clean():
             first = await b.create(SPEC)
             dirty = await first.exec(DIRTY)
             ipc_before = (await first.exec("ipcs -m | grep -c '^0x' || true")).stdout.strip()
-            first_id, uid = first.id, first.uid
+            first_id, uid, pid1 = first.id, first.uid, first._pid1
             await first.close()
             again = await b.create(SandboxSpec(workdir="/app", paths=("/app",), network=NetworkPolicy(mode="none"),
                                                files={"/app/new.txt": "fresh"}))
@@ -61,14 +61,16 @@ def test_reuse_starts_clean():
             except SandboxError as exc:
                 stale = str(exc)
             stats = dict(b.warm_stats)
+            same_namespace = again._pid1 == pid1 and again.uid == uid
             await again.close()
-            return dirty, ipc_before, first_id, uid, again.id, look, stale, stats, first
+            return dirty, ipc_before, first_id, uid, again.id, look, stale, stats, first, same_namespace
         finally:
             await b.aclose()
 
-    dirty, ipc_before, first_id, uid, again_id, look, stale, stats, first = run(go())
+    dirty, ipc_before, first_id, uid, again_id, look, stale, stats, first, same_namespace = run(go())
     assert dirty.stdout.strip().endswith("done")
-    assert again_id == first_id and stats == {"created": 1, "reused": 1, "parked": 1}
+    assert same_namespace and again_id != first_id  # one namespace, a new id (process marker) per use
+    assert stats == {"created": 1, "reused": 1, "parked": 1}
     out = look.stdout
     for name in ("left", "link", "/app/d", " t\n", "r\n", " h\n", " s\n"):
         assert name not in out.replace("/app:", ""), out
@@ -172,3 +174,22 @@ def test_different_mounts_or_network_never_share_a_sandbox():
 class TestWarmLocalContract(SandboxContract):
     def make_backend(self) -> LocalSandboxBackend:
         return backend(size=2)
+
+
+def test_a_mode_change_alone_is_undone():
+    """Nothing left in the dirs, but the sandbox changed a mapped dir's own mode."""
+    async def go():
+        b = backend()
+        try:
+            sb = await b.create(SPEC)
+            await sb.exec("chmod 0700 /app; chmod 0 /dev/shm")
+            await sb.close()
+            again = await b.create(SPEC)
+            r = await again.exec("stat -c %a /app /dev/shm")
+            await again.close()
+            return r, dict(b.warm_stats)
+        finally:
+            await b.aclose()
+
+    r, stats = run(go())
+    assert stats["reused"] == 1 and r.stdout.split() == ["755", "755"], r

@@ -224,3 +224,27 @@ def test_reasoning_toggle_stop_strings_truncation_and_collection(codecs):
             assert all(traj["weight_versions"][i] == 0 for i in sampled)
 
     asyncio.run(run())
+
+
+def test_delete_with_trajectories_collects_and_closes_in_one_request(codecs):
+    codec = codecs["qwen3"]
+    manager, engine, scripts = make_server(codec)
+
+    async def run():
+        async with asgi(manager) as c:
+            sid, url = await _open(c)
+            scripts.add(sid, sampled_text("qwen3", content="one", reasoning="r1"))
+            await _chat(c, url, [{"role": "user", "content": "hi"}])
+            expected = (await c.get(f"/sessions/{sid}/trajectories")).json()
+            r = await c.delete(f"/sessions/{sid}", params={"trajectories": "true"})
+            assert r.status_code == 200, r.text
+            report = r.json()
+            assert report["deleted"] is True and report["session_id"] == sid
+            assert report["trajectories"] == expected["trajectories"]
+            assert_exact(report, engine, sid)
+            assert (await c.get(f"/sessions/{sid}/trajectories")).status_code == 404
+            plain = await _open(c)
+            r = await c.delete(f"/sessions/{plain[0]}")
+            assert r.json() == {"session_id": plain[0], "deleted": True}
+
+    asyncio.run(run())

@@ -127,7 +127,8 @@ class LocalSandbox:
             payload = data.encode() if isinstance(data, str) else bytes(data)
             (direct if host else indirect)[host or path] = payload
         wd = self._host_path(self.workdir)
-        await asyncio.to_thread(scratch.seed, direct, [wd] if wd else [], self.ids)
+        if direct or (wd and not os.path.isdir(wd)):
+            await asyncio.to_thread(scratch.seed, direct, [wd] if wd else [], self.ids)
         if indirect:
             await fileops.put_files(self, indirect)
 
@@ -226,16 +227,20 @@ class LocalSandbox:
         if not await namespace.reset(self._init, self._pid1, RESET_TIMEOUT_S):
             return False
         dirs = [*self.mapped.values(), os.path.join(self.scratch, "shm")]
+        if scratch.pristine(dirs, self.ids):  # the common case: a few stats, not worth a thread hop
+            return True
         return await asyncio.to_thread(scratch.wipe, dirs, self.ids)
 
     def _hand_over(self) -> LocalSandbox:
         """Move the live namespace, scratch dir and uid lease to a new, unused handle: this
         one stays closed, so a caller keeping it can never reach the next episode."""
-        fresh = LocalSandbox(self.backend, self.spec)
-        fresh.id = self.id
+        fresh = LocalSandbox(self.backend, self.spec)  # a new id: each use has its own process marker
         for name in ("scratch", "lease", "ids", "mapped", "host_workdir", "_init", "_pid1", "_pidns", "_scratch_lock"):
             setattr(fresh, name, getattr(self, name))
+        # Its uid now belongs to the next use: leftovers of this use are found by this use's
+        # marker only; the reset has just confirmed that no process but PID 1 was left.
         self._parked_pids = frozenset(p for p in (self._init.pid if self._init else None, self._pid1) if p)
+        self.ids = None
         self.scratch, self.host_workdir, self.mapped = "", "", {}
         self.lease, self._init, self._pid1, self._pidns, self._scratch_lock = None, None, None, None, None
         return fresh

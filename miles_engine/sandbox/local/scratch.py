@@ -115,6 +115,23 @@ def remove_scratch(scratch: str) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def pristine(dirs: Iterable[str], ids: tuple[int, int] | None) -> bool:
+    """Every dir is as :func:`wipe` leaves it: empty, mode 0755, owned by ``ids``."""
+    try:
+        for d in dirs:
+            st = os.stat(d, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode) or stat.S_IMODE(st.st_mode) != 0o755:
+                return False
+            if ids is not None and (st.st_uid, st.st_gid) != ids:
+                return False
+            with os.scandir(d) as it:
+                if next(it, None) is not None:
+                    return False
+    except OSError:
+        return False
+    return True
+
+
 def wipe(dirs: Iterable[str], ids: tuple[int, int] | None, *, budget: int = 2000) -> bool:
     """Empty ``dirs`` in place (they are bind-mounted into a live namespace, so they cannot be
     swapped for fresh ones) and give them back their fresh owner and mode. Symlinks are
