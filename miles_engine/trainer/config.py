@@ -33,6 +33,11 @@ class AlgorithmConfig(_Section):
     old_logprobs: Literal["recompute", "rollout"] = Field(
         "recompute", description="recompute: the trainer's own log-probs before the update (needed by "
         "mismatch correction); rollout: trust the engine's (saves one forward pass)")
+    fuse_old_logprobs: bool = Field(
+        True, description="recompute with one optimizer step per batch (ppo_epochs=1, minibatches=1): take "
+        "the old log-probs from the update's own forward (detached; the weights have not moved yet) instead of "
+        "a separate no-grad pass. Used only when nothing before the update needs them (not with ppo, "
+        "kl.placement=reward, opd.beta or opd candidates); false: always the separate pass")
     temperature: float = Field(1.0, gt=0, description="logits are divided by this (match the sampler)")
     routing_replay: bool = Field(False, description="R3: MoE routers use the experts recorded at rollout "
                                  "(trajectory.routed_experts) on the sampled tokens")
@@ -179,6 +184,11 @@ class TrainerConfig(_Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     num_threads: int | None = Field(1, ge=1, description="torch intra-op threads; None leaves torch's default")
     gradient_checkpointing: bool = False
+    shared_prefix: bool = Field(
+        True, description="rows of a micro-batch that share their prompt run it once (KV cache expanded to "
+        "the rows, suffixes run against it; same loss and gradients). Off for a PPO value head, routing replay, "
+        "gradient checkpointing and models without a plain Hugging Face DynamicCache; one process uses it "
+        "only where a prompt of >= 16 tokens is shared by >= 2 rows")
     seed: int = Field(0, description="seeds random init when the model is built from a config")
 
     @model_validator(mode="after")
@@ -193,6 +203,16 @@ class TrainerConfig(_Section):
             raise ValueError(f"mismatch.mode={self.mismatch.mode!r} compares the trainer's log-probs with the "
                              f"rollout's: it needs algorithm.old_logprobs='recompute', not 'rollout'")
         return self
+
+    @property
+    def fuses_old_logprobs(self) -> bool:
+        """Whether the update's forward supplies the old log-probs (``algorithm.fuse_old_logprobs``):
+        one optimizer step per batch and nothing in the preparation reads them."""
+        a = self.algorithm
+        return (a.fuse_old_logprobs and a.old_logprobs == "recompute" and self.ppo_epochs == 1
+                and self.minibatches == 1 and a.advantage_estimator != "ppo"
+                and not (self.kl.reference and self.kl.placement == "reward")
+                and not self.opd.beta and not self.opd.uses_candidates)
 
     @property
     def needs_reference(self) -> bool:

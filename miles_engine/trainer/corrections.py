@@ -14,6 +14,8 @@ ranks before :func:`finalize_stats` turns them into metrics.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -80,3 +82,35 @@ def finalize_stats(sums: Tensor, min_ratio: Tensor, max_ratio: Tensor, prefix: s
         f"{prefix}logprob_abs_diff": s["abs_logp_diff"] / n,
         f"{prefix}kl_k3": s["k3"] / n,
     }
+
+
+def reduce_stats(comm: Any, sums: Tensor, min_ratio: Tensor, max_ratio: Tensor,
+                 prefix: str = "tis/") -> dict[str, float]:
+    """:func:`finalize_stats` of local statistics summed / min'd / max'd over every rank of ``comm``
+    (every rank must call this: collectives)."""
+    lo, hi = comm.all_min(min_ratio.reshape(1))[0], comm.all_max(max_ratio.reshape(1))[0]
+    return finalize_stats(comm.all_sum(sums), lo, hi, prefix)
+
+
+class MismatchAccumulator:
+    """Weights and statistics micro-batch by micro-batch, for old log-probs that only exist
+    inside the update's forward (fused old log-probs); :meth:`finalize` once at the end."""
+
+    def __init__(self, mode: str, low: float, high: float) -> None:
+        self.mode, self.low, self.high = mode, low, high
+        self.sums = torch.zeros(len(SUM_KEYS), dtype=torch.float64)
+        self.min_ratio = torch.tensor(float("inf"), dtype=torch.float64)
+        self.max_ratio = torch.tensor(float("-inf"), dtype=torch.float64)
+
+    def add(self, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> Tensor | None:
+        """Record one micro-batch; its per-token weights (``None`` for mode ``none``)."""
+        sums, lo, hi = mismatch_stats(old_logp, rollout_logp, mask, self.low, self.high)
+        self.sums = self.sums + sums.cpu()
+        self.min_ratio = torch.minimum(self.min_ratio, lo.cpu())
+        self.max_ratio = torch.maximum(self.max_ratio, hi.cpu())
+        if self.mode == "none":
+            return None
+        return mismatch_weights(old_logp, rollout_logp, mask, self.mode, self.low, self.high)
+
+    def finalize(self, comm: Any) -> dict[str, float]:
+        return reduce_stats(comm, self.sums, self.min_ratio, self.max_ratio)

@@ -9,6 +9,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from miles_engine.trainer import prefix as prefix_mod
+from miles_engine.trainer.prefix import PrefixMode
+
 
 def build_causal_lm(source: Any, device: torch.device, seed: int) -> nn.Module:
     """A float32 causal LM: a model instance is used as is (the trainer owns and mutates it);
@@ -76,7 +79,7 @@ class ForwardOut:
         self.logp, self.entropy, self.hidden, self.cand_logp = logp, entropy, hidden, cand_logp
 
 
-def _keep_mask(mask: Tensor | None) -> Tensor | None:
+def keep_mask(mask: Tensor | None) -> Tensor | None:
     """Positions whose logits predict a masked token: ``keep[:, t] = mask[:, t + 1]``."""
     if mask is None:
         return None
@@ -87,19 +90,26 @@ def _keep_mask(mask: Tensor | None) -> Tensor | None:
 
 def forward_logprobs(model: nn.Module, ids: Tensor, attn: Tensor, *, temperature: float = 1.0,
                      entropy: str = "none", hidden: bool = False, mask: Tensor | None = None,
-                     candidates: Tensor | None = None) -> ForwardOut:
+                     candidates: Tensor | None = None, prefix: PrefixMode | None = None) -> ForwardOut:
     """Per-token log-probs aligned with ``ids`` (index 0 = 0); ``entropy``: ``none``, ``metric``
     (detached) or ``grad``; ``hidden``: also return the last hidden state. With ``mask`` only
     the masked tokens are scored (0 elsewhere): the LM head and the softmax then run only on the
     positions that predict them (``logits_to_keep`` with a boolean mask), a large saving when
     prompts and environment tokens dominate the rows. ``candidates`` (``[rows, tokens, C]`` ids,
-    aligned like ``ids``): also return their log-probs as ``cand_logp`` (same shape, with grad)."""
-    keep = _keep_mask(mask)
-    kwargs: dict[str, Any] = {"logits_to_keep": keep} if keep is not None else {}
-    out = model(input_ids=ids, attention_mask=attn, output_hidden_states=hidden, use_cache=False, **kwargs)
-    logits = out.logits.float()
-    if keep is not None and logits.dim() == 3:  # the model ignored logits_to_keep: select here
-        logits = logits[keep]
+    aligned like ``ids``): also return their log-probs as ``cand_logp`` (same shape, with grad).
+    ``prefix`` (with ``mask``, without ``hidden``): rows sharing a prompt run it once
+    (:mod:`miles_engine.trainer.prefix`; the caller checked :func:`prefix.supports`)."""
+    keep = keep_mask(mask)
+    split = prefix_mod.plan(ids, attn, keep, prefix) if prefix and keep is not None and not hidden else None
+    out = None
+    if split is not None:
+        logits = prefix_mod.shared_prefix_logits(model, split).float()
+    else:
+        kwargs: dict[str, Any] = {"logits_to_keep": keep} if keep is not None else {}
+        out = model(input_ids=ids, attention_mask=attn, output_hidden_states=hidden, use_cache=False, **kwargs)
+        logits = out.logits.float()
+        if keep is not None and logits.dim() == 3:  # the model ignored logits_to_keep: select here
+            logits = logits[keep]
     if temperature != 1.0:
         logits = logits / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
@@ -124,4 +134,4 @@ def forward_logprobs(model: nn.Module, ids: Tensor, attn: Tensor, *, temperature
         else:
             vals = logp_all.gather(-1, candidates[rows, cols + 1])
             cand = torch.zeros(candidates.shape, dtype=vals.dtype, device=ids.device).index_put((rows, cols + 1), vals)
-    return ForwardOut(logp, ent, out.hidden_states[-1] if hidden else None, cand)
+    return ForwardOut(logp, ent, out.hidden_states[-1] if hidden and out is not None else None, cand)

@@ -4,6 +4,12 @@
 update), reference log-probs and old values; then advantages (estimator, OPD term,
 optional whitening) and the per-token mismatch weights with their metrics.
 ``update``: ``ppo_epochs`` passes over the minibatches; one optimizer step per minibatch.
+
+Fused old log-probs (:attr:`TrainerConfig.fuses_old_logprobs`: one optimizer step per batch and
+nothing in ``prepare`` reads them): the update's own forward runs on the weights the old pass
+would have used, so its detached log-probs *are* the old log-probs. ``prepare`` then skips the
+policy pass, and the loss uses ``old = logp.detach()`` (ratio exactly 1, the same gradient) and
+computes the mismatch weights and statistics per micro-batch, reduced after the last one.
 """
 
 from __future__ import annotations
@@ -35,9 +41,10 @@ def prepare(tr: TorchTrainer, batch: StepBatch) -> dict[str, float]:
     alg = cfg.algorithm
     is_ppo = alg.advantage_estimator == "ppo"
     recompute = alg.old_logprobs == "recompute"
+    fused = cfg.fuses_old_logprobs
     everything = list(range(batch.rows))
     use_value_head = is_ppo and tr.value_head is not None
-    need_policy = recompute or use_value_head
+    need_policy = (recompute and not fused) or use_value_head
 
     def old_pass(mb: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
         ids, attn = mb.get("token_ids", tr.device), mb.get("attention_mask", tr.device)
@@ -46,29 +53,32 @@ def prepare(tr: TorchTrainer, batch: StepBatch) -> dict[str, float]:
             if need_policy:
                 tr.set_routing(mb)
                 out = forward_logprobs(tr.policy, ids, attn, temperature=alg.temperature, hidden=use_value_head,
-                                       mask=mb.get("loss_mask", tr.device))
-                if recompute:
+                                       mask=mb.get("loss_mask", tr.device), prefix=tr.prefix_mode)
+                if recompute and not fused:
                     mb.put("old_logp", out.logp)
             if is_ppo:
                 mb.put("old_values", _values(tr, ids, attn, out.hidden if out is not None else None))
             if tr.reference is not None:
                 mb.put("ref_logp", forward_logprobs(tr.reference, ids, attn, temperature=alg.temperature,
-                                                    mask=mb.get("loss_mask", tr.device)).logp)
+                                                    mask=mb.get("loss_mask", tr.device),
+                                                    prefix=tr.ref_prefix_mode).logp)
         return torch.zeros(()), {}
 
     def dummy() -> Tensor:
         return tr.dummy(policy=need_policy, value=is_ppo, reference=tr.reference is not None)
 
-    for name, wanted in (("old_logp", recompute), ("old_values", is_ppo), ("ref_logp", tr.reference is not None)):
+    for name, wanted in (("old_logp", recompute and not fused), ("old_values", is_ppo),
+                         ("ref_logp", tr.reference is not None)):
         if wanted:  # a rank may have no rows at all
             batch.extra[name] = torch.zeros(batch.token_ids.shape, dtype=torch.float32)
     if need_policy or is_ppo or tr.reference is not None:
         with torch.no_grad():
-            tr.run_micro_batches(batch, tr.plan(batch, everything), old_pass, dummy, grad=False)
+            shared = not is_ppo and (tr.reference is None or tr.ref_prefix_mode is not None)
+            tr.run_micro_batches(batch, tr.plan(batch, everything, shared=shared), old_pass, dummy, grad=False)
     mask = batch.loss_mask
     if not recompute:
         batch.extra["old_logp"] = batch.rollout_logp.clone()
-    old = batch.extra["old_logp"] * mask
+    old = None if fused else batch.extra["old_logp"] * mask  # fused: nothing below reads it
     metrics: dict[str, float] = {}
     kl_reward = None
     if cfg.kl.placement == "reward" and tr.reference is not None:
@@ -103,14 +113,13 @@ def prepare(tr: TorchTrainer, batch: StepBatch) -> dict[str, float]:
         sums["kl_reward_sum"] = kl_reward.double().sum()
     if "routed" in batch.extra:  # positions replayed (one before each sampled token with a recorded route)
         sums["replayed"] = (batch.extra["routed"][:, :, 0, 0] >= 0).double().sum()
-    if recompute:
+    if recompute and not fused:  # fused: the update computes them (MismatchAccumulator)
         m = cfg.mismatch
         if m.mode != "none":
             batch.extra["mismatch_w"] = corrections.mismatch_weights(old, batch.rollout_logp, mask, m.mode, m.low,
                                                                      m.high)
-        st, lo, hi = corrections.mismatch_stats(old, batch.rollout_logp, mask, m.low, m.high)
-        lo, hi = tr.comm.all_min(lo.reshape(1))[0], tr.comm.all_max(hi.reshape(1))[0]
-        metrics.update(corrections.finalize_stats(tr.comm.all_sum(st), lo, hi))
+        metrics.update(corrections.reduce_stats(tr.comm, *corrections.mismatch_stats(old, batch.rollout_logp, mask,
+                                                                                      m.low, m.high)))
     red = tr.reduce_metrics(sums)
     n_tok, n_rows = max(red["tokens"], 1.0), max(red["rows"], 1.0)
     metrics.update(reward_mean=red["reward_sum"] / n_rows, advantage_mean=red["adv_sum"] / n_tok,
@@ -122,7 +131,9 @@ def prepare(tr: TorchTrainer, batch: StepBatch) -> dict[str, float]:
     return metrics
 
 
-def _loss_fn(tr: TorchTrainer, n_tok: float, n_seq: float):
+def _loss_fn(tr: TorchTrainer, n_tok: float, n_seq: float, fused: corrections.MismatchAccumulator | None = None):
+    """The update's loss per micro-batch and its metric keys; ``fused``: old log-probs and
+    mismatch weights come from this forward (recorded in the accumulator)."""
     cfg = tr.config
     alg, clip = cfg.algorithm, cfg.clip
     is_ppo = alg.advantage_estimator == "ppo"
@@ -142,16 +153,22 @@ def _loss_fn(tr: TorchTrainer, n_tok: float, n_seq: float):
 
     def fn(mb: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
         ids, attn = mb.get("token_ids", tr.device), mb.get("attention_mask", tr.device)
-        mask, old, advantages = (mb.get(k, tr.device) for k in ("loss_mask", "old_logp", "advantages"))
+        mask, advantages = mb.get("loss_mask", tr.device), mb.get("advantages", tr.device)
         tr.set_routing(mb)
         with tr.autocast():
             cands = mb.get("opd_cand_ids", tr.device) if opd.uses_candidates else None
             out = forward_logprobs(tr.policy, ids, attn, temperature=alg.temperature, mask=mask,
                                    entropy="grad" if cfg.entropy_coef else "metric", hidden=want_hidden,
-                                   candidates=cands)
+                                   candidates=cands, prefix=tr.prefix_mode)
+            if fused is not None:
+                old = out.logp.detach()
+                weights = fused.add(old, mb.get("rollout_logp", tr.device), mask)
+            else:
+                old = mb.get("old_logp", tr.device)
+                weights = mb.get("mismatch_w", tr.device) if "mismatch_w" in mb.batch.extra else None
             pl = policy_loss(out.logp, old, advantages, mask, eps_low=clip.eps_low, eps_high=clip.high,
                              dual_clip_c=clip.dual_clip_c, sequence_level=alg.advantage_estimator == "gspo")
-            pg = pl.loss * mb.get("mismatch_w", tr.device) if "mismatch_w" in mb.batch.extra else pl.loss
+            pg = pl.loss * weights if weights is not None else pl.loss
             pg_loss = agg(pg, mask)
             entropy = agg(out.entropy, mask)
             loss = pg_loss - cfg.entropy_coef * entropy
@@ -201,9 +218,15 @@ def update(tr: TorchTrainer, batch: StepBatch, n_minibatches: int) -> dict[str, 
             n_tok, n_seq = tr.global_counts(batch, rows)
             if n_tok == 0:
                 continue  # every rank agrees: the counts are global
-            fn, keys = _loss_fn(tr, n_tok, n_seq)
-            sums = tr.run_micro_batches(batch, tr.plan(batch, rows), fn, lambda: tr.dummy(value=is_ppo), keys=keys)
+            m_cfg = cfg.mismatch
+            fused = corrections.MismatchAccumulator(m_cfg.mode, m_cfg.low, m_cfg.high) \
+                if cfg.fuses_old_logprobs else None
+            fn, keys = _loss_fn(tr, n_tok, n_seq, fused)
+            sums = tr.run_micro_batches(batch, tr.plan(batch, rows, shared=not is_ppo), fn,
+                                        lambda: tr.dummy(value=is_ppo), keys=keys)
             got = tr.reduce_metrics(sums)
+            if fused is not None:
+                got.update(fused.finalize(tr.comm))
             got.update(tr.optimizer_step(tr.optimizer, tr.scheduler, tr.trainable()))
             for k, v in got.items():
                 totals[k] = totals.get(k, 0.0) + v

@@ -24,11 +24,12 @@ import torch
 from torch import Tensor, nn
 
 from miles_engine.rollout.types import Group
-from miles_engine.trainer import rl_step
+from miles_engine.trainer import prefix, rl_step
 from miles_engine.trainer.batch import MicroBatch, StepBatch, from_groups, from_sft_rows
 from miles_engine.trainer.config import TrainerConfig
 from miles_engine.trainer.losses import aggregate
-from miles_engine.trainer.models import Critic, ValueHead, build_causal_lm, forward_logprobs, frozen_copy, hidden_size
+from miles_engine.trainer.models import (Critic, ValueHead, build_causal_lm, forward_logprobs, frozen_copy,
+                                         hidden_size, keep_mask)
 from miles_engine.trainer.optim import build_optimizer
 from miles_engine.trainer.parallel import Local
 from miles_engine.trainer.rows import as_sft_rows, plan_micro_batches, split_groups, validate_groups
@@ -76,6 +77,9 @@ class TorchTrainer:
             self.replay = RoutingReplay(self.policy)
         for module in self.root.values():
             self.comm.shard(module)
+        self.prefix_mode = self._prefix_mode()
+        self.ref_prefix_mode = self.prefix_mode if self.reference is not None and prefix.supports(self.reference) \
+            else None
         value_params = [p for k in ("value_head", "critic") if k in self.root for p in self.root[k].parameters()]
         groups = [{"params": list(self.policy.parameters())}]
         if value_params:
@@ -87,6 +91,16 @@ class TorchTrainer:
         self.sft_steps = 0
 
     # ------------------------------------------------------------------ helpers
+    def _prefix_mode(self) -> prefix.PrefixMode | None:
+        """How policy forwards share prompts (``trainer.shared_prefix``). FSDP ranks use the
+        two-pass forward on every micro-batch (dummies too), so their collectives stay in step."""
+        cfg = self.config
+        if not cfg.shared_prefix or cfg.gradient_checkpointing or self.replay is not None:
+            return None
+        if not prefix.supports(self.policy):
+            return None
+        return "always" if self.comm.world_size > 1 else "auto"
+
     @property
     def routing(self) -> tuple[int, int, int] | None:
         """(MoE layers, top_k, experts) when routing replay is on."""
@@ -122,9 +136,18 @@ class TorchTrainer:
         n, s = self.comm.all_sum(local).tolist()
         return n, s
 
-    def plan(self, batch: StepBatch, rows: Sequence[int]) -> list[list[int]]:
+    def plan(self, batch: StepBatch, rows: Sequence[int], *, shared: bool = False) -> list[list[int]]:
+        """Micro-batches of ``rows`` within ``max_tokens_per_micro_batch`` padded tokens; ``shared``:
+        every forward on them shares prompts (:attr:`prefix_mode`), so cost and group them that way."""
         rows = list(rows)
-        local = plan_micro_batches([batch.lengths[i] for i in rows], self.config.max_tokens_per_micro_batch)
+        lengths = [batch.lengths[i] for i in rows]
+        budget = self.config.max_tokens_per_micro_batch
+        if shared and self.prefix_mode is not None and rows:
+            idx = torch.tensor(rows, dtype=torch.long)
+            keys = prefix.row_prefixes(batch.token_ids[idx], keep_mask(batch.loss_mask[idx]), lengths)
+            local = prefix.plan_micro_batches(keys, lengths, budget, self.prefix_mode)
+        else:
+            local = plan_micro_batches(lengths, budget)
         return [[rows[i] for i in mb] for mb in local]
 
     def n_micro(self, plan: list[list[int]]) -> int:
@@ -138,15 +161,21 @@ class TorchTrainer:
         loss = torch.zeros((), device=self.device)
         self.set_routing(None)
         with self.autocast():
-            if policy or (value and self.value_head is not None):
+            value_head = value and self.value_head is not None
+            if policy and self.prefix_mode == "always" and not value_head:  # as forward_logprobs(prefix=...)
+                loss = loss + prefix.dummy_logits(self.policy, self.device).float().sum() * 0.0
+            elif policy or value_head:
                 out = self.policy(input_ids=ids, attention_mask=attn, output_hidden_states=value, use_cache=False)
                 loss = loss + out.logits.float().sum() * 0.0
-                if value and self.value_head is not None:
+                if value_head:
                     loss = loss + self.value_head(out.hidden_states[-1]).sum() * 0.0
             if value and self.critic is not None:
                 loss = loss + self.critic(ids, attn).sum() * 0.0
             if reference and self.reference is not None:
-                self.reference(input_ids=ids, attention_mask=attn, use_cache=False)
+                if self.ref_prefix_mode == "always":
+                    prefix.dummy_logits(self.reference, self.device)
+                else:
+                    self.reference(input_ids=ids, attention_mask=attn, use_cache=False)
         return loss
 
     def run_micro_batches(self, batch: StepBatch, plan: list[list[int]], fn: LossFn,
@@ -224,13 +253,14 @@ class TorchTrainer:
         def loss_fn(mb: MicroBatch) -> tuple[Tensor, dict[str, Tensor]]:
             ids, attn, mask = (mb.get(k, self.device) for k in ("token_ids", "attention_mask", "loss_mask"))
             with self.autocast():
-                out = forward_logprobs(self.policy, ids, attn, temperature=temp, mask=mask)
+                out = forward_logprobs(self.policy, ids, attn, temperature=temp, mask=mask, prefix=self.prefix_mode)
             loss = aggregate(-out.logp, mask, mode, num_tokens=n_tok, num_seqs=n_seq)
             nll = (-out.logp * mask).sum() / max(n_tok, 1.0)
             return loss, {"loss": loss, "nll": nll}
 
         opt, sched = self.sft_optimizer()
-        sums = self.run_micro_batches(sb, self.plan(sb, everything), loss_fn, self.dummy, keys=("loss", "nll"))
+        sums = self.run_micro_batches(sb, self.plan(sb, everything, shared=True), loss_fn, self.dummy,
+                                      keys=("loss", "nll"))
         metrics = self.reduce_metrics(sums)
         metrics.update(self.optimizer_step(opt, sched, [p for g in opt.param_groups for p in g["params"]]))
         self.sft_steps += 1

@@ -62,3 +62,43 @@ def params(trainer) -> dict[str, torch.Tensor]:
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+def prompt_groups(prompt_lens: Sequence[int], size: int, *, seed: int = 0, new: tuple[int, int] = (3, 12),
+                  logp: float = -5.5, gaps: bool = False) -> list[Group]:
+    """GRPO-shaped groups: each group's rows are its prompt (``prompt_lens[i]`` random tokens) plus
+    ``new`` (min, max) random sampled tokens; rewards differ inside each group (``gaps``: rows of
+    8+ new tokens get 2 environment tokens, mask 0, after their first 3 sampled ones)."""
+    g = torch.Generator().manual_seed(seed)
+    groups = []
+    for i, p in enumerate(prompt_lens):
+        prompt = torch.randint(0, TINY["vocab_size"], (p,), generator=g).tolist()
+        rows = []
+        for j in range(size):
+            n = int(torch.randint(new[0], new[1] + 1, (1,), generator=g))
+            ids = prompt + torch.randint(0, TINY["vocab_size"], (n,), generator=g).tolist()
+            gap = (p + 3, p + 5) if gaps and n >= 8 else None
+            rows.append(traj(ids, p, float((i + j) % 3), logp=logp, index=j, gap=gap))
+        groups.append(Group(group_id=f"p{i}", task_id=f"t{i}", trajectories=rows, submitted_version=0))
+    return groups
+
+
+def grads_of_one_step(trainer, groups: Sequence[Group]) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """``train_step`` metrics and the gradients the (first) optimizer step saw, by parameter name."""
+    grads: dict[str, torch.Tensor] = {}
+    original = trainer.optimizer_step
+
+    def spy(opt, sched, ps):
+        named = {id(p): n for n, p in trainer.root.named_parameters()}
+        grads.update({named[id(p)]: p.grad.clone() for p in ps if p.grad is not None and named[id(p)] not in grads})
+        return original(opt, sched, ps)
+
+    trainer.optimizer_step = spy
+    metrics = trainer.train_step(groups)
+    return metrics, grads
+
+
+def max_rel_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Largest difference relative to each tensor's largest entry."""
+    assert a.keys() == b.keys() and a
+    return max(((a[k] - b[k]).abs().max() / a[k].abs().max().clamp(min=1e-12)).item() for k in a)

@@ -9,7 +9,7 @@ import pytest
 from miles_engine.trainer import FSDPTrainer, TorchTrainer, TrainerBackend, TrainerError, build_trainer
 from miles_engine.trainer.distributed import rank_info
 
-from .helpers import MOE, TIMING, TINY, max_diff, params, random_groups
+from .helpers import MOE, TIMING, TINY, max_diff, params, prompt_groups, random_groups
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -66,6 +66,26 @@ def test_two_ranks_match_one_process_ppo_minibatches_moe_replay() -> None:
         _same_metrics(single.train_step(groups), metrics)
         assert multi.weight_version == 4
         assert max_diff(params(single), params(multi)) < 5e-5
+
+
+def test_two_ranks_fused_shared_prefix_match_one_process_without_either() -> None:
+    """Ranks take the old log-probs from the update's forward and run every micro-batch (and
+    every dummy) with the two-pass shared-prefix forward; one process does neither."""
+    cfg = {"optimizer": {"lr": 1e-3, "eps": 1e-3}, "mismatch": {"mode": "tis", "low": 0.8, "high": 1.2},
+           "max_tokens_per_micro_batch": 90, "kl": {"reference": True, "coef": 0.05}, "entropy_coef": 0.01}
+    single = TorchTrainer(TINY, {**cfg, "algorithm": {"fuse_old_logprobs": False}, "shared_prefix": False})
+    groups = prompt_groups([20, 26, 18], 4, seed=8, logp=-5.45, gaps=True)  # uneven micro-batch counts
+    with FSDPTrainer(TINY, cfg, world_size=2) as multi:
+        assert multi.call(operator.attrgetter("prefix_mode")) == "always"
+        assert multi.call(operator.attrgetter("ref_prefix_mode")) == "always"
+        metrics = multi.train_step(groups)
+        assert 0 < metrics["tis/clipfrac"] < 1
+        _same_metrics(single.train_step(groups), metrics)
+        assert max_diff(params(single), params(multi)) < 1e-6
+        _same_metrics(single.train_step(groups[:1]), multi.train_step(groups[:1]))  # rank 1: dummies only
+        rows = [(t.token_ids, t.loss_mask) for g in groups for t in g.trajectories][:6]
+        _same_metrics(single.sft_step(rows), multi.sft_step(rows))
+        assert max_diff(params(single), params(multi)) < 2e-5
 
 
 def test_a_rank_that_cannot_start_fails_the_trainer_with_its_traceback() -> None:

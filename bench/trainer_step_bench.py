@@ -1,0 +1,184 @@
+"""RL trainer step benchmark: fused old log-probs and shared-prefix forward (prints a table; not a test).
+
+    .venv/bin/python bench/trainer_step_bench.py [--reps 9] [--prompt-len 0] [--ckpt DIR]
+
+One GRPO ``TorchTrainer.train_step`` on 8 groups x 8 rows, 1 torch thread, the trainer settings
+of ``recipes/tiny-terminal.yaml`` (AdamW lr 1e-3, clip 0.2, TIS, grad clip 1). The policy is the
+SFT checkpoint of the RL benches (``/tmp/miles-bench/rvt-s2/sft/checkpoint``) when present, else
+a random Qwen3 of the recipe's ``model:`` shape (vocab 2048). Prompts: the ``shell-drills`` echo
+prompts rendered by the stack (``make_codec`` + the checkpoint's tokenizer, as
+``bench/rl_vs_trl.py`` feeds TRL), or ``--prompt-len N`` random tokens (also without a
+checkpoint). Each row: its group's prompt + 5..40 sampled tokens; rollout log-probs are the
+policy's own. Variants (one trainer each, same weights, steps interleaved):
+
+- ``baseline``: separate no-grad old-log-prob pass, plain forward
+- ``fused``: old log-probs from the update's forward (``algorithm.fuse_old_logprobs``)
+- ``fused+prefix``: and the shared-prefix forward (``shared_prefix``)
+
+The first step of each variant starts from identical weights; after the table come the differences
+of that step's loss, TIS ratio and gradients (float noise only) and of the parameters after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from miles_engine.rollout.types import Group, Trajectory
+from miles_engine.trainer.torch_trainer import TorchTrainer
+
+CKPT = Path("/tmp/miles-bench/rvt-s2/sft/checkpoint")
+RECIPE_MODEL = {"model_type": "qwen3", "vocab_size": 2048, "hidden_size": 128, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 384,
+                "max_position_embeddings": 512, "tie_word_embeddings": True, "pad_token_id": 0}
+TRAINER = {"optimizer": {"lr": 1e-3}, "clip": {"eps_low": 0.2}, "mismatch": {"mode": "tis"}, "grad_clip": 1.0,
+           "num_threads": 1}
+VARIANTS = {"baseline": (False, False), "fused": (True, False), "fused+prefix": (True, True)}
+GROUPS, SIZE = 8, 8
+
+
+def echo_prompts(ckpt: Path, n: int) -> list[list[int]]:
+    """The first ``n`` echo-drill prompts as our TITO server renders them (token ids)."""
+    from miles_engine.config.recipe import load_recipe
+    from miles_engine.hub import Hub
+    from miles_engine.tito import make_codec
+    from miles_engine.tito.messages import normalize_messages, normalize_tools
+    from miles_engine.tito.tokenizer import load_tokenizer
+
+    cfg = load_recipe("tiny-terminal", ["environment.options.kinds=[echo]"])
+    hub = Hub()
+    source = hub.create("environment", cfg.environment.name, cfg.environment.options)
+    codec = make_codec(cfg.chat_family.name, load_tokenizer(str(ckpt / "tokenizer.json")),
+                       options=cfg.chat_family.options, hub=hub)
+    out = []
+    for i in range(n):
+        task = source.load_task(source.task_id(i))
+        tools = normalize_tools([t.openai_schema() for t in task.tools()])
+        out.append(codec.encode_conversation(normalize_messages(task.prompt()), tools, add_generation_prompt=True))
+    return out
+
+
+def random_prompts(n: int, length: int, vocab: int, gen: torch.Generator) -> list[list[int]]:
+    return torch.randint(3, vocab, (n, length), generator=gen).tolist()
+
+
+def build_groups(probe: TorchTrainer, prompts: list[list[int]], gen: torch.Generator) -> list[Group]:
+    """``SIZE`` rows per prompt: prompt + 5..40 random sampled tokens, rewards 0/1 varying inside
+    each group, rollout log-probs = the policy's (as a fresh on-policy rollout would report)."""
+    rows: list[tuple[list[int], list[int]]] = []
+    for p in prompts:
+        for _ in range(SIZE):
+            n = int(torch.randint(5, 41, (1,), generator=gen))
+            rows.append((p + torch.randint(3, probe.vocab_size, (n,), generator=gen).tolist(),
+                         [0] * len(p) + [1] * n))
+    logps = probe.compute_logprobs(rows)
+    groups = []
+    for g, p in enumerate(prompts):
+        trajs = []
+        for j in range(SIZE):
+            ids, mask = rows[g * SIZE + j]
+            lp = [x if m else 0.0 for x, m in zip(logps[g * SIZE + j], mask)]
+            trajs.append(Trajectory(ids, mask, lp, [0 if m else None for m in mask], reward=float((g + j) % 2),
+                                    index=j))
+        groups.append(Group(f"g{g}", f"t{g}", trajs, 0))
+    return groups
+
+
+def trainer(source: Any, fused: bool, shared: bool) -> TorchTrainer:
+    return TorchTrainer(source, {**TRAINER, "algorithm": {"fuse_old_logprobs": fused}, "shared_prefix": shared})
+
+
+def max_param_diff(a: TorchTrainer, b: TorchTrainer) -> float:
+    pa, pb = dict(a.named_tensors()), dict(b.named_tensors())
+    return max((pa[k] - pb[k]).abs().max().item() for k in pa)
+
+
+def step_with_grads(tr: TorchTrainer, groups: list[Group]) -> tuple[dict[str, float], list[torch.Tensor]]:
+    """``train_step`` and the gradients its optimizer step saw."""
+    grads: list[torch.Tensor] = []
+    original = tr.optimizer_step
+
+    def spy(opt: Any, sched: Any, ps: list[Any]) -> dict[str, float]:
+        grads.extend(p.grad.clone() for p in ps)
+        return original(opt, sched, ps)
+
+    tr.optimizer_step = spy  # type: ignore[method-assign]
+    try:
+        return tr.train_step(groups), grads
+    finally:
+        tr.optimizer_step = original  # type: ignore[method-assign]
+
+
+def max_rel_diff(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
+    return max(((x - y).abs().max() / x.abs().max().clamp(min=1e-12)).item() for x, y in zip(a, b))
+
+
+def fmt_row(name: str, times: dict[str, list[float]], base: float) -> str:
+    step, prep, upd = (statistics.median(times[k]) for k in ("step_time", "prepare_time", "update_time"))
+    lo, hi = min(times["step_time"]), max(times["step_time"])
+    return (f"| {name:<13} | {step * 1e3:7.1f} | {lo * 1e3:6.1f}-{hi * 1e3:<6.1f} | {prep * 1e3:7.1f} | "
+            f"{upd * 1e3:7.1f} | {base / step:5.2f}x |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--reps", type=int, default=9, help="timed steps per variant (after 1 warm-up)")
+    ap.add_argument("--prompt-len", type=int, default=0, help="random prompts of N tokens instead of echo drills")
+    ap.add_argument("--ckpt", type=Path, default=CKPT, help="HF model dir + tokenizer.json (else a random model)")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before the first model load imports transformers
+    torch.set_num_threads(1)
+    gen = torch.Generator().manual_seed(args.seed)
+    have_ckpt = (args.ckpt / "config.json").exists() and (args.ckpt / "tokenizer.json").exists()
+    source: Any = str(args.ckpt) if have_ckpt else RECIPE_MODEL
+    trainers = {name: trainer(source, *flags) for name, flags in VARIANTS.items()}
+    probe = trainers["baseline"]
+    if args.prompt_len or not have_ckpt:
+        prompts = random_prompts(GROUPS, args.prompt_len or 150, probe.vocab_size, gen)
+        what = f"random prompts of {len(prompts[0])} tokens"
+    else:
+        prompts = echo_prompts(args.ckpt, GROUPS)
+        what = f"echo-drill prompts of {min(map(len, prompts))}-{max(map(len, prompts))} tokens"
+    groups = build_groups(probe, prompts, gen)
+    rows = [t for g in groups for t in g.trajectories]
+    lengths = [len(t.token_ids) for t in rows]
+    print(f"model: {'checkpoint ' + str(args.ckpt) if have_ckpt else 'random recipe-shape Qwen3'}; {what}; "
+          f"{len(rows)} rows of {min(lengths)}-{max(lengths)} tokens ({sum(lengths)} tokens, "
+          f"{sum(sum(t.loss_mask) for t in rows)} sampled); torch threads {torch.get_num_threads()}")
+
+    first = {name: step_with_grads(tr, groups) for name, tr in trainers.items()}  # warm-up, identical weights
+    drift = {name: max_param_diff(tr, probe) for name, tr in trainers.items()}
+    times: dict[str, dict[str, list[float]]] = {n: {} for n in VARIANTS}
+    for _ in range(args.reps):
+        for name, tr in trainers.items():
+            t0 = time.perf_counter()
+            m = tr.train_step(groups)
+            m["step_time"] = time.perf_counter() - t0
+            for k in ("step_time", "prepare_time", "update_time"):
+                times[name].setdefault(k, []).append(m[k])
+
+    base = statistics.median(times["baseline"]["step_time"])
+    print(f"\ntrain_step, {args.reps} reps each, interleaved (ms; median, range of the step)\n")
+    print("| variant       | step ms | range         | prepare | update  | speed-up |")
+    print("|---------------|---------|---------------|---------|---------|----------|")
+    for name in VARIANTS:
+        print(fmt_row(name, times[name], base))
+    print("\nfirst step from identical weights, vs baseline: |loss diff|, |tis/ratio_mean diff|, max gradient "
+          "diff / max |gradient| (per tensor), max |param diff| after AdamW (eps 1e-8: ~lr * sign(g) where g ~ 0)")
+    m0, g0 = first["baseline"]
+    for name in ("fused", "fused+prefix"):
+        m, g = first[name]
+        print(f"  {name:<13} loss {abs(m['loss'] - m0['loss']):.1e}  "
+              f"tis {abs(m['tis/ratio_mean'] - m0['tis/ratio_mean']):.1e}  grad {max_rel_diff(g0, g):.1e}  "
+              f"params {drift[name]:.1e}")
+
+
+if __name__ == "__main__":
+    main()
