@@ -17,29 +17,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from miles_engine.errors import SandboxError
-from miles_engine.sandbox.local import process
+from miles_engine.sandbox.local import initexec, process
 
 # Host top-level entries never shown: kernel/virtual trees, volatile state, user homes.
 EXCLUDED_TOP = frozenset({"proc", "dev", "sys", "tmp", "run", "root", "home", "lost+found", "boot", "media", "mnt"})
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
-READY = "miles-ready"
-RESET_DONE = "miles-reset-done"
-# PID 1 of a sandbox: reaps orphans (bash waits for any child on SIGCHLD), ignores every
-# signal sandboxed code may send it (the kernel drops SIGKILL from inside for PID 1), and
-# exits at EOF on stdin: when we close the pipe, or when this process dies. On a line
-# ``reset NONCE`` (a warm sandbox going back to the pool) it kills every other process of
-# the namespace (kill -1 from PID 1 spares only itself), removes System V IPC objects if
-# any exist (builtins only, ipcrm only when needed), and answers ``RESET_DONE NONCE``.
-INIT_SCRIPT = (
-    "trap '' INT TERM HUP QUIT USR1 USR2 PIPE ALRM; echo " + READY + "; "
-    "while read -r cmd nonce; do "
-    "[ \"$cmd\" = reset ] || continue; "
-    "kill -KILL -1 2>/dev/null; "
-    "for f in /proc/sysvipc/shm /proc/sysvipc/sem /proc/sysvipc/msg; do "
-    "l=; { read -r _; read -r l; } < $f 2>/dev/null; "
-    "if [ -n \"$l\" ]; then ipcrm --all 2>/dev/null; break; fi; done; "
-    "echo " + RESET_DONE + " \"$nonce\"; done"
-)
+READY = initexec.READY
+INIT_SCRIPT = initexec.INIT_SCRIPT  # PID 1 of every sandbox namespace (see initexec)
 
 Op = tuple[str, ...]  # ("ro", src, dst) | ("symlink", target, dst) | ("bind", src, dst) | ("tmpfs", dst)
 
@@ -84,9 +68,10 @@ def plan_mounts(mapped: Mapping[str, str], *, public_network: bool, hidden: Sequ
 
 
 def bwrap_init_argv(tools: Tools, ops: Sequence[Op], *, unshare_net: bool, hostname: str,
-                    shm_dir: str | None = None) -> list[str]:
+                    shm_dir: str | None = None, ctl_dir: str | None = None) -> list[str]:
     """``shm_dir``: a host dir bound on /dev/shm, and /dev itself read-only, so every place the
-    sandbox can write is a host dir (what a warm sandbox's reset wipes)."""
+    sandbox can write is a host dir (what a warm sandbox's reset wipes). ``ctl_dir``: bound
+    read-only at :data:`initexec.CTL_DIR` (the FIFOs of commands PID 1 runs)."""
     argv = [
         tools.launcher_path,
         "--unshare-user",
@@ -115,6 +100,8 @@ def bwrap_init_argv(tools: Tools, ops: Sequence[Op], *, unshare_net: bool, hostn
         elif kind == "tmpfs":  # a hidden host dir: empty and read-only
             argv += ["--tmpfs", op[1], "--remount-ro", op[1]]
     argv += ["--proc", "/proc", "--dev", "/dev"]
+    if ctl_dir is not None:
+        argv += ["--ro-bind", ctl_dir, initexec.CTL_DIR]
     if shm_dir is not None:
         argv += ["--bind", shm_dir, "/dev/shm", "--remount-ro", "/dev"]
     argv += [
@@ -233,6 +220,7 @@ async def launch(
     hidden: Sequence[str],
     hostname: str,
     timeout_s: float,
+    limits: process.Limits | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:
     """Start a sandbox namespace; returns the launcher (our child) and the namespace's PID 1.
     The launcher's stdin and stdout stay open (:func:`reset`); the caller closes them.
@@ -242,9 +230,10 @@ async def launch(
     """
     ops = plan_mounts(mapped, public_network=public_network, hidden=hidden)
     if tools.launcher == "bwrap":
-        shm_dir = os.path.join(scratch_dir, "shm")
+        shm_dir, ctl_dir = os.path.join(scratch_dir, "shm"), os.path.join(scratch_dir, "ctl")
         argv = bwrap_init_argv(tools, ops, unshare_net=not public_network, hostname=hostname,
-                               shm_dir=shm_dir if os.path.isdir(shm_dir) else None)
+                               shm_dir=shm_dir if os.path.isdir(shm_dir) else None,
+                               ctl_dir=ctl_dir if os.path.isdir(ctl_dir) else None)
     else:
         new_root = os.path.join(scratch_dir, "root")
         os.makedirs(new_root, exist_ok=True)
@@ -252,7 +241,7 @@ async def launch(
             os.chown(new_root, *ids)
         argv = unshare_init_argv(tools, ops, unshare_net=not public_network, new_root=new_root, hostname=hostname)
     log_path = os.path.join(scratch_dir, "init.log")
-    plan = process.spawn_plan(argv, process.Limits(), ids, no_new_privs=False, die_with_parent=True)
+    plan = process.spawn_plan(argv, limits or process.Limits(), ids, no_new_privs=False, die_with_parent=True)
     with open(log_path, "wb") as log:
         init = await asyncio.to_thread(
             subprocess.Popen,
@@ -287,36 +276,19 @@ def children(pid: int) -> list[int] | None:
         return None
 
 
-async def reset(init: subprocess.Popen[bytes], pid1: int, timeout_s: float) -> bool:
-    """Kill every process of the namespace but its PID 1 and remove its IPC objects, for the
-    next episode of a warm sandbox. True when confirmed: PID 1 answered with our nonce (code
-    inside can reach its pipes through /proc, but cannot guess the nonce) and has no child
-    left, so no process but PID 1 remains (orphans are re-parented to PID 1, and nothing of
-    the sandbox runs outside its PID namespace). False means: do not reuse this sandbox."""
-    if init.stdin is None or init.stdout is None or init.poll() is not None or children(pid1) is None:
-        return False
-    nonce = os.urandom(8).hex()
-    try:
-        init.stdin.write(f"reset {nonce}\n".encode())
-        init.stdin.flush()
-    except OSError:
-        return False
-    want = f"{RESET_DONE} {nonce}".encode()
+async def wait_childless(pid1: int, deadline: float) -> bool:
+    """Wait (until the loop time ``deadline``) for PID 1 to have no child left, zombies
+    included: then no other process of its namespace exists (orphans are re-parented to
+    PID 1, and nothing of a sandbox runs outside its PID namespace)."""
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    seen = b""
-    while want not in seen:
-        left = deadline - loop.time()
-        if left <= 0:
-            return False
-        chunk = await process.read_line(init.stdout, left)
-        if not chunk:
-            return False
-        seen = seen[-len(want):] + chunk
     delay = 0.0005
-    while children(pid1):  # killed processes still to be reaped by PID 1
+    while True:
+        kids = children(pid1)
+        if kids is None:
+            return False
+        if not kids:
+            return True
         if loop.time() > deadline:
             return False
         await asyncio.sleep(delay)
         delay = min(delay * 2, 0.02)
-    return True

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from miles_engine.errors import SandboxError, SandboxUnsupportedError
-from miles_engine.sandbox.local import fileops, namespace, process, procscan, scratch, uidpool
+from miles_engine.sandbox.local import fileops, initexec, namespace, process, procscan, scratch, uidpool
 from miles_engine.sandbox.local.env import build_env
 from miles_engine.sandbox.protocol import ExecResult, IsolationLevel, SandboxSpec
 
@@ -40,8 +40,9 @@ def mapped_paths(spec: SandboxSpec) -> list[str]:
 
 def warm_key(spec: SandboxSpec) -> tuple[object, ...]:
     """What a warm sandbox must share with a spec to serve it: the namespace's writable
-    mounts and its network. Files, env, limits and the workdir are applied per use."""
-    return (tuple(sorted(mapped_paths(spec))), spec.network.mode == "public")
+    mounts, its network and its memory limit (also PID 1's hard limit). Files, env and the
+    workdir are applied per use."""
+    return (tuple(sorted(mapped_paths(spec))), spec.network.mode == "public", spec.resources.memory_mb)
 
 
 class LocalSandbox:
@@ -73,6 +74,7 @@ class LocalSandbox:
         self._scratch_lock: int | None = None
         self.closed_leftovers: list[procscan.ProcInfo] = []
         self._parked_pids: frozenset[int] = frozenset()
+        self._channel: initexec.InitChannel | None = None  # PID 1 runs the commands (bwrap tier)
 
     # ---------------------------------------------------------------- lifecycle
     @property
@@ -135,6 +137,7 @@ class LocalSandbox:
     async def _start_namespace(self) -> None:
         tools = self.backend.probe.tools
         assert tools is not None
+        via_init = tools.launcher == "bwrap" and self.opts.exec_via_init
         self._init, self._pid1 = await namespace.launch(
             tools,
             self.mapped,
@@ -144,8 +147,24 @@ class LocalSandbox:
             hidden=self.opts.hidden_paths,
             hostname="miles-" + self.id[4:],
             timeout_s=INIT_TIMEOUT_S,
+            # PID 1 forks the commands: its hard limits bound whatever it is asked to run
+            limits=self._limits(cpu=False) if via_init else None,
         )
         self._pidns = procscan.pid_namespace(self._pid1)
+        if via_init:
+            self._channel = initexec.InitChannel(self._init, self._pid1, os.path.join(self.scratch, "ctl"), self.ids)
+
+    def _limits(self, *, cpu: bool = True) -> process.Limits:
+        o = self.opts
+        return process.Limits(
+            cpu_s=o.cpu_time_s if cpu else None,
+            address_space_bytes=(self.spec.resources.memory_mb or o.memory_mb or 0) * _MIB or None,
+            open_files=o.max_open_files,
+            file_size_bytes=(o.max_file_size_mb or 0) * _MIB or None,
+            # Counted per uid *and user namespace*: a dedicated uid or the sandbox's own userns
+            # makes it a per-sandbox limit; a shared uid in the host namespace would not.
+            processes=o.max_processes if (self.ids or self.namespaced) else None,
+        )
 
     async def alive(self) -> bool:
         if self._closed:
@@ -169,6 +188,8 @@ class LocalSandbox:
             self.backend._forget(self)
             return
         init = self._init
+        if self._channel is not None:
+            self._channel.close()
         if init is not None:
             # Killing the namespace's PID 1 makes the kernel kill everything inside; the
             # launcher then reaps it and exits (so nothing is orphaned to the host init).
@@ -215,7 +236,8 @@ class LocalSandbox:
         """Pool key, or ``None`` when this sandbox cannot be reset in place (process tier;
         the unshare launcher, whose /dev and /home are tmpfs only code inside can empty)."""
         tools = self.backend.probe.tools
-        if not self.namespaced or tools is None or tools.launcher != "bwrap" or self.opts.keep_scratch:
+        if not self.namespaced or tools is None or tools.launcher != "bwrap" or self.opts.keep_scratch \
+                or self._channel is None:
             return None
         return warm_key(self.spec)
 
@@ -224,7 +246,12 @@ class LocalSandbox:
         writable dir empty. False (the sandbox is then destroyed) on any doubt."""
         if self._init is None or self._pid1 is None or self._init.poll() is not None or not procscan.pid_alive(self._pid1):
             return False
-        if not await namespace.reset(self._init, self._pid1, RESET_TIMEOUT_S):
+        if self._channel is None or namespace.children(self._pid1) is None:
+            return False
+        deadline = asyncio.get_running_loop().time() + RESET_TIMEOUT_S
+        if not await self._channel.reset(RESET_TIMEOUT_S):
+            return False
+        if not await namespace.wait_childless(self._pid1, deadline):
             return False
         dirs = [*self.mapped.values(), os.path.join(self.scratch, "shm")]
         if scratch.pristine(dirs, self.ids):  # the common case: a few stats, not worth a thread hop
@@ -235,7 +262,8 @@ class LocalSandbox:
         """Move the live namespace, scratch dir and uid lease to a new, unused handle: this
         one stays closed, so a caller keeping it can never reach the next episode."""
         fresh = LocalSandbox(self.backend, self.spec)  # a new id: each use has its own process marker
-        for name in ("scratch", "lease", "ids", "mapped", "host_workdir", "_init", "_pid1", "_pidns", "_scratch_lock"):
+        for name in ("scratch", "lease", "ids", "mapped", "host_workdir", "_init", "_pid1", "_pidns", "_scratch_lock",
+                     "_channel"):
             setattr(fresh, name, getattr(self, name))
         # Its uid now belongs to the next use: leftovers of this use are found by this use's
         # marker only; the reset has just confirmed that no process but PID 1 was left.
@@ -243,6 +271,7 @@ class LocalSandbox:
         self.ids = None
         self.scratch, self.host_workdir, self.mapped = "", "", {}
         self.lease, self._init, self._pid1, self._pidns, self._scratch_lock = None, None, None, None, None
+        self._channel = None
         return fresh
 
     async def reuse(self, spec: SandboxSpec) -> None:
@@ -337,15 +366,7 @@ class LocalSandbox:
         if self.namespaced and not await self.alive():
             raise SandboxError(f"sandbox {self.id} is dead: its namespace init process exited")
         o = self.opts
-        limits = process.Limits(
-            cpu_s=o.cpu_time_s,
-            address_space_bytes=(self.spec.resources.memory_mb or o.memory_mb or 0) * _MIB or None,
-            open_files=o.max_open_files,
-            file_size_bytes=(o.max_file_size_mb or 0) * _MIB or None,
-            # Counted per uid *and user namespace*: a dedicated uid or the sandbox's own userns
-            # makes it a per-sandbox limit; a shared uid in the host namespace would not.
-            processes=o.max_processes if (self.ids or self.namespaced) else None,
-        )
+        limits = self._limits()
         work = self.resolve(cwd) if cwd else (self.workdir if self.namespaced else self.host_workdir)
         full_env = build_env(
             sandbox_id=self.id,
@@ -356,6 +377,10 @@ class LocalSandbox:
             spec_env=self.spec.env,
             exec_env=env,
         )
+        if self._channel is not None and not isinstance(stdin, int):
+            return await self._channel.run(argv, env=full_env, cwd=work, limits=limits, stdin=stdin,
+                                           timeout_s=timeout_s, max_output=max_output,
+                                           kill_grace_s=o.kill_grace_s, stdout_sink=stdout_sink)
         if self.namespaced:
             assert self.backend.probe.tools is not None and self._pid1 is not None
             argv = namespace.exec_prefix(

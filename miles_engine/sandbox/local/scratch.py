@@ -22,13 +22,13 @@ def fs_dir(scratch: str, sandbox_path: str) -> str:
 
 def make_scratch(root: str | None, sandbox_id: str, *, mapped: Iterable[str], ids: tuple[int, int] | None) -> str:
     """Create ``<root>/miles-<id>-<random suffix>`` with ``fs/<path>`` for every mapped sandbox path
-    plus ``home``, ``tmp`` and ``shm`` (the namespace's /dev/shm); everything owned by the
-    sandbox uid, mode 0700 at the top."""
+    plus ``home``, ``tmp``, ``shm`` (the namespace's /dev/shm) and ``ctl`` (PID 1's command
+    FIFOs); everything owned by the sandbox uid, mode 0700 at the top."""
     base = root or tempfile.gettempdir()
     os.makedirs(base, exist_ok=True)
     scratch = tempfile.mkdtemp(prefix=f"miles-{sandbox_id}-", dir=base)
     made = [scratch]
-    for sub in ("fs", "home", "tmp", "shm", *(os.path.join("fs", p.strip("/")) for p in mapped)):
+    for sub in ("fs", "home", "tmp", "shm", "ctl", *(os.path.join("fs", p.strip("/")) for p in mapped)):
         path = os.path.join(scratch, sub)
         os.makedirs(path, exist_ok=True)
         made.append(path)
