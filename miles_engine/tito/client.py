@@ -10,12 +10,12 @@ checks every idle connection on every request, which dominated short episodes.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import weakref
 from typing import Any, Literal
 
 from miles_engine.errors import ConfigError
+from miles_engine.tito import wire
 
 ENV_URL = "MILES_TITO_URL"
 Transport = Literal["httpx", "aiohttp"]
@@ -65,23 +65,27 @@ class SessionClient:
         self._openai: Any = None
         self._use_openai = use_openai
 
-    async def _request(self, method: str, url: str, body: Any = None) -> tuple[int, str]:
+    async def _request(self, method: str, url: str, body: Any = None) -> tuple[int, bytes]:
         client = _pool(self.transport, self.url)
+        headers = {"authorization": f"Bearer {self.api_key}"}
+        data = None
+        if body is not None:
+            data = wire.dumps(body)
+            headers["content-type"] = "application/json"
         if self.transport == "aiohttp":
             import aiohttp
 
-            async with client.request(method, url, json=body, timeout=aiohttp.ClientTimeout(total=self.timeout_s),
-                                      headers={"authorization": f"Bearer {self.api_key}"}) as resp:
-                return resp.status, await resp.text()
-        resp = await client.request(method, url, json=body, timeout=self.timeout_s,
-                                    headers={"authorization": f"Bearer {self.api_key}"})
-        return resp.status_code, resp.text
+            async with client.request(method, url, data=data, timeout=aiohttp.ClientTimeout(total=self.timeout_s),
+                                      headers=headers) as resp:
+                return resp.status, await resp.read()
+        resp = await client.request(method, url, content=data, timeout=self.timeout_s, headers=headers)
+        return resp.status_code, resp.content
 
     async def _json(self, method: str, url: str, body: Any = None) -> Any:
-        status, text = await self._request(method, url, body)
+        status, raw = await self._request(method, url, body)
         if status != 200:
-            raise RuntimeError(f"{method} {url}: HTTP {status}: {text[:500]}")
-        return json.loads(text)
+            raise RuntimeError(f"{method} {url}: HTTP {status}: {raw[:500].decode(errors='replace')}")
+        return wire.loads(raw)
 
     async def open(self, *, mode: str = "linear", metadata: dict[str, Any] | None = None) -> str:
         body = await self._json("POST", f"{self.url}/sessions", {"mode": mode, "metadata": metadata or {}})
@@ -105,11 +109,11 @@ class SessionClient:
             resp = await self._openai.chat.completions.create(
                 model=self.model, messages=messages, extra_body=extra or None, **params)
             return resp.choices[0].message.model_dump(exclude_none=True)
-        status, text = await self._request("POST", f"{self.base_url}/chat/completions",
-                                           {"model": self.model, "messages": messages, **params})
+        status, raw = await self._request("POST", f"{self.base_url}/chat/completions",
+                                          {"model": self.model, "messages": messages, **params})
         if status != 200:
-            raise RuntimeError(f"chat turn failed: HTTP {status}: {text[:500]}")
-        msg = json.loads(text)["choices"][0]["message"]
+            raise RuntimeError(f"chat turn failed: HTTP {status}: {raw[:500].decode(errors='replace')}")
+        msg = wire.loads(raw)["choices"][0]["message"]
         return {k: v for k, v in msg.items() if v is not None}
 
     async def collect(self) -> dict[str, Any]:

@@ -18,7 +18,6 @@ Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import threading
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from miles_engine.tito import wire
 from miles_engine.tito.errors import BadRequest, TitoError
 from miles_engine.tito.service import SessionManager
 
@@ -56,7 +56,7 @@ def create_app(manager: SessionManager) -> FastAPI:
                 return {}
             raise BadRequest("the request body is empty; expected a JSON object")
         try:
-            return json.loads(raw)
+            return wire.loads(raw)
         except ValueError as exc:
             raise BadRequest(f"malformed JSON body: {exc}") from None
 
@@ -92,12 +92,12 @@ def create_app(manager: SessionManager) -> FastAPI:
         one request, the end of every episode)."""
         report = await report_of(session_id) if trajectories else {}
         report.update(await manager.delete(session_id))
-        return Response(json.dumps(report, ensure_ascii=False), media_type="application/json")
+        return Response(wire.dumps(report), media_type="application/json")
 
     @app.get("/sessions/{session_id}/trajectories")
     async def trajectories(session_id: str) -> Response:
         report = await report_of(session_id)
-        return Response(json.dumps(report, ensure_ascii=False), media_type="application/json")
+        return Response(wire.dumps(report), media_type="application/json")
 
     @app.get("/sessions/{session_id}/v1/models")
     async def models(session_id: str) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def create_app(manager: SessionManager) -> FastAPI:
             events = completion.sse(req.include_usage)
             return StreamingResponse(iter(events), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        return JSONResponse(completion.body())
+        return Response(wire.dumps(completion.body()), media_type="application/json")
 
     return app
 

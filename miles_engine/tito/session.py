@@ -192,7 +192,7 @@ class Session:
                 f"assistant turn (the model ends its turn on the next message's opener; allowed: "
                 f"{', '.join(allowed)}): send it after a user message", param=f"messages[{consumed}].role")
         if parent is None:
-            env_ids = self.codec.encode_conversation(messages, tools, add_generation_prompt=True, kwargs=kwargs)
+            env_ids = self.codec.encode_prompt(messages, tools, tools_key=tools_key, kwargs=kwargs)
             input_ids = list(env_ids)
         else:
             row = full_row(parent, self.leaf if self.mode == "linear" else None)

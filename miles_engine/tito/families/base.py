@@ -121,6 +121,7 @@ class ChatCodec:
             tokenizer.added_tokens[t] for t in family.stop_tokens if t in tokenizer.added_tokens)
         self._template = compile_template(family.template)
         self._prefix_cache: dict[tuple[str, str], str] = {}
+        self._prompt_cache: dict[tuple[str, str, str], list[int]] = {}
         self._constants: dict[str, tuple[int, ...]] = {}
 
     @property
@@ -153,6 +154,21 @@ class ChatCodec:
         """Render the whole conversation once and tokenize it (turn 1, and the diagnostic)."""
         return self.tokenizer.encode(
             self.render(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs))
+
+    def encode_prompt(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None, *,
+                      tools_key: str, kwargs: dict[str, Any] | None = None) -> list[int]:
+        """:meth:`encode_conversation` of a first turn (with the generation prompt), remembered:
+        the attempts of a GRPO group open with the same prompt, so the render and the
+        tokenization run once per group, not once per attempt."""
+        key = (tools_key, json.dumps(list(messages), sort_keys=True, default=str),
+               json.dumps(self.kwargs(kwargs), sort_keys=True, default=str))
+        ids = self._prompt_cache.get(key)
+        if ids is None:
+            ids = self.encode_conversation(messages, tools, add_generation_prompt=True, kwargs=kwargs)
+            if len(self._prompt_cache) >= 1024:
+                self._prompt_cache.pop(next(iter(self._prompt_cache)))  # oldest first
+            self._prompt_cache[key] = ids
+        return list(ids)
 
     def suffix_text(self, new_messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None, *,
                     kwargs: dict[str, Any] | None = None, tools_key: str | None = None) -> str:
