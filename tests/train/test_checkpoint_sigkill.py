@@ -32,9 +32,16 @@ MILES = [sys.executable, "-m", "miles_engine.cli.main", "train"]
 PR_SET_CHILD_SUBREAPER = 36
 
 
+# Children this test process already had before a test (e.g. its own multiprocessing resource
+# tracker, started by earlier tests in the same session): not orphans of the runs under test.
+_OWN_CHILDREN: set[str] = set()
+
+
 @pytest.fixture
 def subreaper() -> Iterator[None]:
     libc = ctypes.CDLL(None, use_errno=True)
+    _OWN_CHILDREN.clear()
+    _OWN_CHILDREN.update(line.split()[0] for line in orphans())
     libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     yield
     libc.prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
@@ -44,7 +51,7 @@ def orphans() -> list[str]:
     """Processes re-parented to this test process (reaping the dead ones)."""
     me, found = os.getpid(), []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or entry.name in _OWN_CHILDREN:
             continue
         try:
             stat = (entry / "stat").read_text()
