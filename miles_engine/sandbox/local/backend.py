@@ -11,7 +11,8 @@ from miles_engine.errors import SandboxError
 from miles_engine.sandbox.local import scratch
 from miles_engine.sandbox.local.options import LocalSandboxOptions
 from miles_engine.sandbox.local.probe import Probe, probe
-from miles_engine.sandbox.local.sandbox import LocalSandbox, warm_key
+from miles_engine.sandbox.local.sandbox import LocalSandbox
+from miles_engine.sandbox.local.warm import warm_key
 from miles_engine.sandbox.protocol import Capabilities, SandboxSpec, check_supported
 
 

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from typing import Literal
 
 from miles_engine.errors import SandboxError
-from miles_engine.sandbox.local import initexec, process
+from miles_engine.sandbox.local import initscript, process
 
 # Host top-level entries never shown: kernel/virtual trees, volatile state, user homes.
 EXCLUDED_TOP = frozenset({"proc", "dev", "sys", "tmp", "run", "root", "home", "lost+found", "boot", "media", "mnt"})
 DEV_NODES = ("null", "zero", "full", "random", "urandom", "tty")
-READY = initexec.READY
-INIT_SCRIPT = initexec.INIT_SCRIPT  # PID 1 of every sandbox namespace (see initexec)
+READY = initscript.READY
+INIT_SCRIPT = initscript.INIT_SCRIPT  # PID 1 of every sandbox namespace
 
 Op = tuple[str, ...]  # ("ro", src, dst) | ("symlink", target, dst) | ("bind", src, dst) | ("tmpfs", dst)
 
@@ -71,7 +71,7 @@ def bwrap_init_argv(tools: Tools, ops: Sequence[Op], *, unshare_net: bool, hostn
                     shm_dir: str | None = None, ctl_dir: str | None = None) -> list[str]:
     """``shm_dir``: a host dir bound on /dev/shm, and /dev itself read-only, so every place the
     sandbox can write is a host dir (what a warm sandbox's reset wipes). ``ctl_dir``: bound
-    read-only at :data:`initexec.CTL_DIR` (the FIFOs of commands PID 1 runs)."""
+    read-only at :data:`initscript.CTL_DIR` (the FIFOs of commands PID 1 runs)."""
     argv = [
         tools.launcher_path,
         "--unshare-user",
@@ -101,7 +101,7 @@ def bwrap_init_argv(tools: Tools, ops: Sequence[Op], *, unshare_net: bool, hostn
             argv += ["--tmpfs", op[1], "--remount-ro", op[1]]
     argv += ["--proc", "/proc", "--dev", "/dev"]
     if ctl_dir is not None:
-        argv += ["--ro-bind", ctl_dir, initexec.CTL_DIR]
+        argv += ["--ro-bind", ctl_dir, initscript.CTL_DIR]
     if shm_dir is not None:
         argv += ["--bind", shm_dir, "/dev/shm", "--remount-ro", "/dev"]
     argv += [
@@ -166,6 +166,15 @@ def unshare_init_argv(tools: Tools, ops: Sequence[Op], *, unshare_net: bool, new
 
 # How nsenter reports a --wdns directory it cannot enter (it exits 1).
 NSENTER_CWD_ERRORS = (b"nsenter: cannot open current working directory", b"nsenter: cannot change directory")
+
+
+def as_cwd_error(raw: process.RawResult, cwd: str) -> process.RawResult:
+    """nsenter's failure to enter ``cwd`` reported as a shell (and ``env -C``) would: 125."""
+    if raw.exit_code != 1 or not raw.stderr.startswith(NSENTER_CWD_ERRORS):
+        return raw
+    reason = raw.stderr.decode(errors="replace").rsplit(":", 1)[-1].strip()
+    msg = f"cannot change directory to '{cwd}': {reason}\n".encode()
+    return process.RawResult(125, b"", msg, raw.timed_out, raw.truncated, raw.duration_s)
 
 
 def exec_prefix(tools: Tools, init_pid: int, *, net: bool, cwd: str) -> list[str]:

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from miles_engine.errors import SandboxError, SandboxUnsupportedError
-from miles_engine.sandbox.local import fileops, initexec, namespace, process, procscan, scratch, uidpool
+from miles_engine.sandbox.local import fileops, initexec, namespace, process, procscan, scratch, uidpool, warm
 from miles_engine.sandbox.local.env import build_env
 from miles_engine.sandbox.protocol import ExecResult, IsolationLevel, SandboxSpec
 
@@ -21,28 +21,6 @@ if TYPE_CHECKING:
 INIT_TIMEOUT_S = 15.0
 RESET_TIMEOUT_S = 2.0
 _MIB = 1 << 20
-
-
-def mapped_paths(spec: SandboxSpec) -> list[str]:
-    """The sandbox paths a namespace maps onto writable scratch dirs for ``spec``."""
-    paths: list[str] = []
-    for p in (*spec.paths, *scratch.ROOT_DIRS):
-        p = posixpath.normpath(p)
-        if p == "/" or not p.startswith("/"):
-            raise SandboxError(f"sandbox path '{p}' must be an absolute directory other than /")
-        if not any(p == q or p.startswith(q + "/") for q in paths):
-            paths.append(p)
-    wd = posixpath.normpath(spec.workdir or "/")
-    if wd != "/" and not any(wd == q or wd.startswith(q + "/") for q in paths) and not os.path.exists(wd):
-        paths.append(wd)  # a workdir of its own (e.g. /workspace) becomes writable too
-    return paths
-
-
-def warm_key(spec: SandboxSpec) -> tuple[object, ...]:
-    """What a warm sandbox must share with a spec to serve it: the namespace's writable
-    mounts, its network and its memory limit (also PID 1's hard limit). Files, env and the
-    workdir are applied per use."""
-    return (tuple(sorted(mapped_paths(spec))), spec.network.mode == "public", spec.resources.memory_mb)
 
 
 class LocalSandbox:
@@ -106,7 +84,7 @@ class LocalSandbox:
             raise
 
     def _mapped_paths(self) -> list[str]:
-        return mapped_paths(self.spec) if self.namespaced else ["/work"]
+        return warm.mapped_paths(self.spec) if self.namespaced else ["/work"]
 
     def _host_path(self, path: str) -> str | None:
         """Host path inside the scratch dir for a sandbox path, or ``None`` if unmapped."""
@@ -239,24 +217,15 @@ class LocalSandbox:
         if not self.namespaced or tools is None or tools.launcher != "bwrap" or self.opts.keep_scratch \
                 or self._channel is None:
             return None
-        return warm_key(self.spec)
+        return warm.warm_key(self.spec)
 
     async def _reset_for_reuse(self) -> bool:
-        """Back to the state of a fresh sandbox: no process but PID 1, no IPC object, every
-        writable dir empty. False (the sandbox is then destroyed) on any doubt."""
-        if self._init is None or self._pid1 is None or self._init.poll() is not None or not procscan.pid_alive(self._pid1):
-            return False
-        if self._channel is None or namespace.children(self._pid1) is None:
-            return False
-        deadline = asyncio.get_running_loop().time() + RESET_TIMEOUT_S
-        if not await self._channel.reset(RESET_TIMEOUT_S):
-            return False
-        if not await namespace.wait_childless(self._pid1, deadline):
+        """Back to the state of a fresh sandbox (:func:`warm.reset_in_place`); False (the
+        sandbox is then destroyed) on any doubt."""
+        if self._init is None or self._pid1 is None or self._channel is None:
             return False
         dirs = [*self.mapped.values(), os.path.join(self.scratch, "shm")]
-        if scratch.pristine(dirs, self.ids):  # the common case: a few stats, not worth a thread hop
-            return True
-        return await asyncio.to_thread(scratch.wipe, dirs, self.ids)
+        return await warm.reset_in_place(self._init, self._pid1, self._channel, dirs, self.ids, RESET_TIMEOUT_S)
 
     def _hand_over(self) -> LocalSandbox:
         """Move the live namespace, scratch dir and uid lease to a new, unused handle: this
@@ -403,11 +372,7 @@ class LocalSandbox:
             stdout_sink=stdout_sink,
             spare_leader=self.namespaced,
         )
-        if self.namespaced and raw.exit_code == 1 and raw.stderr.startswith(namespace.NSENTER_CWD_ERRORS):
-            reason = raw.stderr.decode(errors="replace").rsplit(":", 1)[-1].strip()
-            msg = f"cannot change directory to '{work}': {reason}\n".encode()
-            return process.RawResult(125, b"", msg, raw.timed_out, raw.truncated, raw.duration_s)
-        return raw
+        return namespace.as_cwd_error(raw, work) if self.namespaced else raw
 
     def resolve(self, path: str) -> str:
         """A sandbox path as the sandboxed command sees it (namespace) or the host path (process)."""
