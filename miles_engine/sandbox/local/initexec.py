@@ -36,7 +36,12 @@ from collections.abc import Callable, Mapping, Sequence
 
 from miles_engine.errors import SandboxError
 from miles_engine.sandbox.local import process
-from miles_engine.sandbox.local.initscript import CTL_DIR, RESET_DONE, encode_field, ulimit_args
+from miles_engine.sandbox.local.initscript import (
+    CTL_DIR,
+    RESET_DONE,
+    encode_field,
+    ulimit_args,
+)
 
 KILL_WAIT_S = 1.0
 

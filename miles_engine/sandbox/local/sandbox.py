@@ -11,7 +11,16 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from miles_engine.errors import SandboxError, SandboxUnsupportedError
-from miles_engine.sandbox.local import fileops, initexec, namespace, process, procscan, scratch, uidpool, warm
+from miles_engine.sandbox.local import (
+    fileops,
+    initexec,
+    namespace,
+    process,
+    procscan,
+    scratch,
+    uidpool,
+    warm,
+)
 from miles_engine.sandbox.local.env import build_env
 from miles_engine.sandbox.protocol import ExecResult, IsolationLevel, SandboxSpec
 

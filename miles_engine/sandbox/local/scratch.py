@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import fcntl
-from concurrent.futures import Future, ThreadPoolExecutor
 import os
 import shutil
 import stat
@@ -12,6 +11,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 
 ROOT_DIRS = ("/tmp", "/root", "/home")  # private per sandbox in the namespace tier
 
