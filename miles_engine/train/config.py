@@ -36,6 +36,11 @@ class EngineConfig(_Section):
     max_batch_size: int = Field(64, ge=1)
     threads: int = Field(1, ge=1, description="torch threads of the engine's decode thread")
     dtype: Literal["float32", "bfloat16"] = "float32"
+    gil_switch_interval_ms: float | None = Field(
+        0.5, gt=0, le=100,
+        description="the driver process's sys.setswitchinterval while the engine's decode thread shares its GIL "
+        "with the event loop (Python's default is 5 ms: every socket, pipe or file call of the loop then "
+        "waits up to that long for the GIL behind a forward pass); None leaves it alone")
 
 
 class SFTRunConfig(_Section):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,10 @@ from miles_engine.sandbox.remote import RUN_ID_ENV
 from miles_engine.train import checkpoint, consumed, crash_points, resume
 from miles_engine.train.checkpoint_compat import check as check_resume
 from miles_engine.train.group_metrics import group_metrics
+
+
+async def _set_switch_interval(seconds: float) -> None:
+    sys.setswitchinterval(seconds)
 
 
 def bootstrap_codec(hub: Hub, cfg: RecipeConfig) -> Any:
@@ -210,6 +215,10 @@ class TrainingStack:
                                          max_batch_size=e.max_batch_size, num_threads=e.threads,
                                          seed=self.cfg.seed)
         self._closers.insert(0, engine.aclose)
+        if e.gil_switch_interval_ms is not None:
+            previous = sys.getswitchinterval()
+            sys.setswitchinterval(e.gil_switch_interval_ms / 1000)
+            self._closers.append(lambda: _set_switch_interval(previous))
         return engine
 
     async def _start_server(self) -> Any:

@@ -46,6 +46,25 @@ class ColocatedTransport:
             self._warned_missing = True
             log.warning("colocated push: %d engine tensors are not pushed (fine for tied weights)", stats.missing)
         paused = time.perf_counter()
+        if len(self.targets) == 1 and hasattr(self.targets[0], "swap_weights"):
+            await self._swap(self.targets[0], named, version)
+        else:
+            await self._pause_update_resume(named, version)
+        stats.pause_s = time.perf_counter() - paused
+        await verify_versions(engines, version)
+        stats.push_s = time.perf_counter() - started
+        return stats
+
+    async def _swap(self, target: Any, named: dict[str, torch.Tensor], version: int) -> None:
+        """One engine: pause, load and resume in one step of its thread."""
+        try:
+            await target.swap_weights(named, version=version, pause_mode=self.pause_mode)
+        except Exception as exc:
+            raise WeightPushError(f"push of version {version} to {engine_name(target, 0)} failed: {exc}") from exc
+
+    async def _pause_update_resume(self, named: dict[str, torch.Tensor], version: int) -> None:
+        """Several engines (or a router): all pause, each loads, all resume, so none serves
+        the new version while another still serves the old one."""
         await asyncio.gather(*(t.pause(self.pause_mode) for t in self.targets))
         try:
             for i, target in enumerate(self.targets):
@@ -58,10 +77,6 @@ class ColocatedTransport:
                                           f"{exc}") from exc
         finally:
             await asyncio.gather(*(t.resume() for t in self.targets))
-            stats.pause_s = time.perf_counter() - paused
-        await verify_versions(engines, version)
-        stats.push_s = time.perf_counter() - started
-        return stats
 
     async def close(self) -> None:
         """Nothing to release: the engines belong to the caller."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,13 +29,15 @@ class ColocatedSkippingOne(ColocatedTransport):
         return await super().push([(n, t) for n, t in named_tensors if n != SKIPPED], version)
 
 
-async def _train(cfg, run_dir: Path) -> int:
+async def _train(cfg, run_dir: Path, switch_intervals: list[float] | None = None) -> int:
     from miles_engine.train.driver import train
     from miles_engine.train.stack import TrainingStack
 
     stack = TrainingStack(cfg, run_dir)
     try:
         await stack.build()
+        if switch_intervals is not None:
+            switch_intervals.append(sys.getswitchinterval())
         return await train(stack)
     finally:
         await stack.aclose()
@@ -47,7 +50,11 @@ def test_recipe_runs_with_every_push_checked(tmp_path: Path, transport: str) -> 
     assert cfg.weights.check is not None and cfg.weights.check.tolerance is None
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    assert asyncio.run(_train(cfg, run_dir)) == 2
+    before, during = sys.getswitchinterval(), []
+    assert asyncio.run(_train(cfg, run_dir, during)) == 2
+    # the engine thread and the event loop share the driver's GIL: a short switch interval
+    # while the run lasts (engine.gil_switch_interval_ms), the process's own one after it
+    assert during == [cfg.engine.gil_switch_interval_ms / 1000] and sys.getswitchinterval() == before
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     assert len(train) == 2

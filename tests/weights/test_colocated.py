@@ -8,7 +8,7 @@ import torch
 from miles_engine.engines.embedded.engine import EmbeddedEngine
 from miles_engine.engines.protocol import GenerateRequest, SamplingParams
 from miles_engine.engines.router import Router
-from miles_engine.errors import UnknownComponentError
+from miles_engine.errors import EngineRequestError, UnknownComponentError, WeightUpdateError
 from miles_engine.weights import PushStats, WeightPushError, create_transport, verify_versions
 from miles_engine.weights.tensors import digests
 from tests.rollout.helpers import run
@@ -115,3 +115,48 @@ def test_an_engine_that_missed_the_push_is_detected():
 def test_unknown_transport_lists_the_names():
     with pytest.raises(UnknownComponentError, match="available: broadcast, colocated"):
         create_transport("nccl-magic", [])
+
+
+class _NoSeparateCalls:
+    """Fails the test if the transport falls back to pause / update_weights / resume."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, attr):
+        if attr in ("pause", "update_weights", "resume"):
+            raise AssertionError(f"{attr} called: one engine must get a single swap_weights")
+        return getattr(self.inner, attr)
+
+
+def test_one_engine_gets_one_swap_not_pause_update_resume():
+    trainer = trainer_model(seed=6)
+    engine = _engine()
+
+    async def main():
+        transport = create_transport("colocated", _NoSeparateCalls(engine))
+        stats = await transport.push(trainer.named_parameters(), version=3)
+        assert stats.version == 3 and engine.weight_version == 3 and not engine.stats()["paused"]
+        assert differing(digests(engine.model.state_dict()), digests(trainer.state_dict())) == []
+        await engine.aclose()
+    run(main(), 60)
+
+
+def test_swap_keeps_a_paused_engine_paused_and_a_bad_swap_changes_nothing():
+    engine = _engine()
+
+    async def main():
+        good = dict(trainer_model(seed=7).named_parameters())
+        await engine.pause("in_place")
+        assert await engine.swap_weights(good, version=2, pause_mode="in_place") == 2
+        assert engine.stats()["paused"]
+        await engine.resume()
+        before = digests(engine.model.state_dict())
+        with pytest.raises(WeightUpdateError, match="shape"):
+            await engine.swap_weights({**good, "model.norm.weight": torch.zeros(33)}, version=3)
+        with pytest.raises(EngineRequestError, match="unknown pause mode 'stop'; allowed"):
+            await engine.swap_weights(good, version=3, pause_mode="stop")
+        assert digests(engine.model.state_dict()) == before and engine.weight_version == 2
+        assert not engine.stats()["paused"]
+        await engine.aclose()
+    run(main(), 60)

@@ -62,6 +62,27 @@ def test_per_token_versions_across_update(mode: str) -> None:
     run(main())
 
 
+@pytest.mark.parametrize("mode", ["retract", "in_place"])
+def test_swap_weights_is_pause_update_resume_in_one_step(mode: str) -> None:
+    async def main() -> None:
+        eng = engine()
+        p = prompt(10, 0)
+        sp = greedy(120)
+        task = asyncio.create_task(eng.generate(req(p, sp)))
+        await wait_for_tokens(eng, 8)
+        assert await eng.swap_weights(perturbed(eng), version=5, pause_mode=mode) == 5
+        assert eng.weight_version == 5 and not eng.stats()["paused"]
+        res = await task
+        k = split_at_switch(res.weight_versions)
+        assert res.weight_versions[0] == 0 and res.weight_versions[-1] == 5 and 8 <= k < 120
+        assert res.info["retractions"] == (1 if mode == "retract" else 0)
+        after = [abs(a - b) for a, b in zip(teacher_forced(eng.model, p, res, sp)[k:], res.output_logprobs[k:])]
+        assert (max(after) < 1e-4) == (mode == "retract")  # retract: re-prefilled, exact under the new weights
+        await eng.aclose()
+
+    run(main())
+
+
 def test_pause_abort_and_queueing_while_paused() -> None:
     async def main() -> None:
         eng = engine()
