@@ -36,9 +36,11 @@ class TitoAgentOptions(BaseModel):
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int | None = Field(None, ge=1)
     enable_thinking: bool | None = None
-    client: Literal["auto", "openai", "httpx", "aiohttp"] = Field(
+    client: Literal["auto", "openai", "httpx", "aiohttp", "local"] = Field(
         "auto", description="auto/openai: the official openai SDK; httpx/aiohttp: the same OpenAI wire format "
-        "over a plain pooled HTTP client (aiohttp is the fast path for many concurrent episodes)")
+        "over a plain pooled HTTP client (aiohttp is the fast path for many concurrent episodes); local: "
+        "requests go straight to the session server's app when it runs in this process (same routes and "
+        "checks, no socket), else over aiohttp")
     keep_session: bool = Field(False, description="leave the session on the server after collecting it")
 
 
@@ -69,7 +71,7 @@ class TitoAgent:
     def _client(self) -> SessionClient:
         o = self.options
         use_openai = {"auto": None, "openai": True}.get(o.client, False)
-        transport = "aiohttp" if o.client == "aiohttp" else "httpx"
+        transport = o.client if o.client in ("aiohttp", "local") else "httpx"
         return SessionClient(server_url(o.server_url), api_key=o.api_key, timeout_s=o.request_timeout_s,
                              use_openai=use_openai, transport=transport)
 

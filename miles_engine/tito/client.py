@@ -2,7 +2,9 @@
 
 Chat turns go through the official ``openai`` SDK (``use_openai=True``, the default when it
 is installed), or straight over HTTP with ``aiohttp`` (``transport="aiohttp"``, the fast path
-the training loop uses at 64+ concurrent episodes) or ``httpx``. Connection pools are shared
+for 64+ concurrent episodes) or ``httpx``; ``transport="local"`` hands each request to the
+server's ASGI app when the server runs in this process (see :mod:`miles_engine.tito.local`),
+else goes over aiohttp. Connection pools are shared
 per event loop and server: building a client loads the CA bundle (~30 ms), and httpx's pool
 checks every idle connection on every request, which dominated short episodes.
 """
@@ -15,10 +17,10 @@ import weakref
 from typing import Any, Literal
 
 from miles_engine.errors import ConfigError
-from miles_engine.tito import wire
+from miles_engine.tito import local, wire
 
 ENV_URL = "MILES_TITO_URL"
-Transport = Literal["httpx", "aiohttp"]
+Transport = Literal["httpx", "aiohttp", "local"]
 _POOLS: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], Any]] = weakref.WeakKeyDictionary()
 
 
@@ -66,13 +68,20 @@ class SessionClient:
         self._use_openai = use_openai
 
     async def _request(self, method: str, url: str, body: Any = None) -> tuple[int, bytes]:
-        client = _pool(self.transport, self.url)
         headers = {"authorization": f"Bearer {self.api_key}"}
         data = None
         if body is not None:
             data = wire.dumps(body)
             headers["content-type"] = "application/json"
-        if self.transport == "aiohttp":
+        kind = self.transport
+        if kind == "local":
+            app = local.app_for(url)
+            if app is not None:
+                async with asyncio.timeout(self.timeout_s):
+                    return await local.request(app, method, url, data, headers)
+            kind = "aiohttp"
+        client = _pool(kind, self.url)
+        if kind == "aiohttp":
             import aiohttp
 
             async with client.request(method, url, data=data, timeout=aiohttp.ClientTimeout(total=self.timeout_s),

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from miles_engine.errors import ConfigError
+from miles_engine.tito import local
 from miles_engine.tito.tokenizer import TitoTokenizer
 
 
@@ -61,6 +62,7 @@ class BackgroundServer:
         return f"http://{self.host}:{self.port}"
 
     async def stop(self) -> None:
+        local.unregister(self.url)
         self.server.should_exit = True
         try:
             await asyncio.wait_for(asyncio.shield(self.task), 10)
@@ -84,9 +86,10 @@ async def start_session_server(engine: Any, codec: Any, *, host: str = "127.0.0.
             return contextlib.nullcontext()
 
     manager = SessionManager(engine, codec, config)
+    app = create_app(manager)
     # keep-alive must outlast the agents' pooled idle connections (tito.client: 15 s), or a client
     # reuses a socket the server just closed and the episode fails with "connection reset"
-    server = EmbeddedServer(uvicorn.Config(create_app(manager), host=host, port=port, log_level=log_level,
+    server = EmbeddedServer(uvicorn.Config(app, host=host, port=port, log_level=log_level,
                                            lifespan="off", access_log=False, timeout_keep_alive=75))
     task = asyncio.create_task(server.serve(), name="tito-session-server")
     while not server.started and not task.done():
@@ -95,7 +98,9 @@ async def start_session_server(engine: Any, codec: Any, *, host: str = "127.0.0.
         task.result()  # re-raises why it could not start
         raise ConfigError(f"the session server on {host}:{port} stopped before listening")
     bound = server.servers[0].sockets[0].getsockname()[1]
-    return BackgroundServer(server, task, host, bound)
+    background = BackgroundServer(server, task, host, bound)
+    local.register(background.url, app)  # agents in this process may skip the socket (client: local)
+    return background
 
 
 async def run_session_server(engine: Any, codec: Any, *, host: str = "127.0.0.1", port: int = 0,
