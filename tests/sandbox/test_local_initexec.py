@@ -70,6 +70,9 @@ def test_a_forged_request_to_pid_1_gets_no_more_than_the_sandbox_limits():
 
 def test_exec_details_match_the_nsenter_path():
     script = "echo out; echo err >&2; echo $SPEC_VAR $EXEC_VAR; pwd; cat; id -u; exit 7"
+    # PID 1 ignores signals for itself; a command must start with the default dispositions
+    # (an ignored SIGPIPE survives exec: `yes | head` would print "Broken pipe" and exit 1)
+    signals = "grep SigIgn /proc/self/status; yes | head -1; echo ${PIPESTATUS[*]}"
 
     async def one(via_init: bool):
         b = backend(exec_via_init=via_init)
@@ -81,7 +84,8 @@ def test_exec_details_match_the_nsenter_path():
                 missing = await sb.exec(["no-such-program-xyz"])
                 bad_cwd = await sb.exec("true", cwd="/no/such/dir")
                 slow = await sb.exec("sleep 5", timeout_s=0.3)
-                return r, missing, bad_cwd, slow
+                sig = await sb.exec(signals)
+                return r, missing, bad_cwd, slow, sig
         finally:
             await b.aclose()
 
@@ -92,6 +96,8 @@ def test_exec_details_match_the_nsenter_path():
     assert new[1].exit_code == old[1].exit_code == 127
     assert new[2].exit_code == old[2].exit_code == 125 and "/no/such/dir" in new[2].stderr
     assert new[3].timed_out and old[3].timed_out and new[3].exit_code is None
+    assert (new[4].stdout, new[4].stderr) == (old[4].stdout, old[4].stderr) == (
+        "SigIgn:\t0000000000000000\ny\n141 0\n", "")
 
 
 def test_hostile_suite_through_nsenter():

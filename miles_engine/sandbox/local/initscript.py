@@ -11,7 +11,8 @@ RESET_DONE = "miles-reset-done"
 CTL_DIR = "/dev/.miles"  # inside the namespace; /dev is read-only, the FIFOs still open
 
 # PID 1: reaps orphans (bash waits for any child on SIGCHLD), ignores every signal sandboxed
-# code may send it (the kernel drops SIGKILL from inside for PID 1), exits at EOF on stdin
+# code may send it (the kernel drops SIGKILL from inside for PID 1) — commands get the default
+# dispositions back (an ignored signal survives exec: SIGPIPE, SIGTERM would stay ignored), exits at EOF on stdin
 # (when we close the pipe, or when this process dies). reset: kill -1 from PID 1 spares only
 # itself; System V IPC objects are removed when any exist (builtins only, ipcrm if needed).
 INIT_SCRIPT = r"""
@@ -43,6 +44,7 @@ while f op; do
     [[ $lim =~ ^[-a-zA-Z0-9\ ]*$ ]] || continue
     exec 4< "$in" 5> "$out" 6> "$err" || { exec 4<&- 5>&- 6>&-; echo "exit $id 126"; continue; }
     (
+      trap - INT TERM HUP QUIT USR1 USR2 PIPE ALRM
       exec 0<&4 1>&5 2>&6 4<&- 5>&- 6>&-
       cd -- "$cwd" 2>/dev/null || { echo "cannot change directory to '$cwd': No such file or directory" >&2; exit 125; }
       ulimit $lim 2>/dev/null || exit 126
