@@ -73,6 +73,8 @@ def test_exec_details_match_the_nsenter_path():
     # PID 1 ignores signals for itself; a command must start with the default dispositions
     # (an ignored SIGPIPE survives exec: `yes | head` would print "Broken pipe" and exit 1)
     signals = "grep SigIgn /proc/self/status; yes | head -1; echo ${PIPESTATUS[*]}"
+    # through PID 1 each command leads its own process group (what a timeout's kill signals)
+    group = 's=$(cat /proc/$$/stat); set -- ${s##*) }; [ "$3" = "$$" ] && echo leader'
 
     async def one(via_init: bool):
         b = backend(exec_via_init=via_init)
@@ -85,7 +87,10 @@ def test_exec_details_match_the_nsenter_path():
                 bad_cwd = await sb.exec("true", cwd="/no/such/dir")
                 slow = await sb.exec("sleep 5", timeout_s=0.3)
                 sig = await sb.exec(signals)
-                return r, missing, bad_cwd, slow, sig
+                leader = await sb.exec(group)
+                tree = await sb.exec("sleep 30 & sleep 31 & wait", timeout_s=0.3)
+                left = await sb.exec("ps -eo args= | grep -c '^sleep 3[01]$'")
+                return r, missing, bad_cwd, slow, sig, leader, tree, left
         finally:
             await b.aclose()
 
@@ -98,6 +103,9 @@ def test_exec_details_match_the_nsenter_path():
     assert new[3].timed_out and old[3].timed_out and new[3].exit_code is None
     assert (new[4].stdout, new[4].stderr) == (old[4].stdout, old[4].stderr) == (
         "SigIgn:\t0000000000000000\ny\n141 0\n", "")
+    assert new[5].stdout == "leader\n"  # (through nsenter the group's leader is the host-side launcher)
+    assert new[6].timed_out and old[6].timed_out
+    assert new[7].stdout == old[7].stdout == "0\n"  # the timed-out command's whole group is gone
 
 
 def test_hostile_suite_through_nsenter():

@@ -2,8 +2,9 @@
 
 PID 1 is a bash loop (``INIT_SCRIPT``) already inside every namespace with the sandbox's
 uid, no capabilities and no-new-privs (bwrap set them up), so a command it forks needs no
-``nsenter`` + ``setpriv`` chain from the host: an exec costs a bash fork, ``setsid`` and
-the command. Requests are NUL-separated fields on PID 1's stdin; PID 1 answers with lines
+``nsenter`` + ``setpriv`` chain from the host: an exec costs a bash fork and the command
+(PID 1 runs with job control, so each command leads its own process group without a
+``setsid`` exec). Requests are NUL-separated fields on PID 1's stdin; PID 1 answers with lines
 on its stdout::
 
     run  ID CWD STDIN OUT ERR ULIMITS N ENV... N ARGV...  ->  pid ID PID
