@@ -16,7 +16,8 @@ Matched settings (figure 1 of issue 5):
   sandbox, the task's verifier). TRL: the same chat-rendered prompt (token ids checked equal to
   our codec's), a reward function that parses the completion's Hermes ``<tool_call>{json}</tool_call>``
   with the server's own parser and runs the command with ``bash -c`` in a fresh temp dir (10 s
-  timeout; 8 threads, the fastest plain-Python way measured in the feasibility study).
+  timeout; 8 threads, the fastest plain-Python way measured in the feasibility study; the temp
+  dir on the same memory-backed root as our sandboxes' files, ``scratch_root: tmpfs``).
 - **GRPO**: 8 prompts x 8 samples = 64 per step, max 40 new tokens, T=1, top-p 1, top-k off,
   AdamW lr 1e-3 constant, clip 0.2, no KL, token-mean loss (TRL ``dapo``), group-std advantage
   scaling, grad clip 1.0, one update per batch; **1 torch thread per process**.
@@ -155,10 +156,14 @@ def trl_worker(args: argparse.Namespace) -> None:
                 return command if isinstance(command, str) and command.strip() else ""
         return None
 
+    from miles_engine.sandbox.local.scratch import resolve_root
+
+    work_root = resolve_root("tmpfs")[0]  # where our recipe's sandboxes keep their files (fair footing)
+
     def run_bash(command: str | None) -> str | None:
         if not command:
             return None
-        with tempfile.TemporaryDirectory(prefix="trl-echo-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="trl-echo-", dir=work_root) as tmp:
             try:
                 return subprocess.run(["bash", "-c", command], cwd=tmp, capture_output=True, text=True,
                                       timeout=10, stdin=subprocess.DEVNULL).stdout

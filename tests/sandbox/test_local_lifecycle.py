@@ -133,6 +133,40 @@ def test_keep_scratch_and_scratch_root(tier):
         shutil.rmtree(root)
 
 
+def test_tmpfs_scratch_root_holds_the_sandbox_files_in_memory(tier):
+    backend, spec = tier
+    problem = scratch.tmpfs_problem(scratch.TMPFS_DIR)
+    if problem:
+        pytest.skip(f"no usable tmpfs here: {problem}")
+    be = LocalSandboxBackend(backend.options.model_copy(update={"scratch_root": "tmpfs"}))
+    assert be.options.scratch_root == scratch.TMPFS_DIR
+
+    async def go():
+        async with await be.create(spec) as sb:
+            await sb.write_file("mem.txt", "m")
+            r = await sb.exec("yes | head -2")
+            return sb.scratch, r
+
+    where, r = run(go())
+    assert where.startswith(scratch.TMPFS_DIR + "/") and r.stdout == "y\ny\n" and not os.path.exists(where)
+
+
+def test_tmpfs_scratch_root_falls_back_to_tmpdir_saying_why(tier, tmp_path, monkeypatch, caplog):
+    backend, _ = tier
+    monkeypatch.setattr(scratch, "TMPFS_DIR", str(tmp_path))
+    expected = scratch.tmpfs_problem(str(tmp_path))
+    if expected is None:
+        pytest.skip("the test's tmp dir is itself a usable tmpfs")
+    with caplog.at_level("WARNING", logger="miles_engine.sandbox.local.backend"):
+        be = LocalSandboxBackend(backend.options.model_copy(update={"scratch_root": "tmpfs"}))
+    assert be.options.scratch_root == tempfile.gettempdir()
+    assert f"scratch_root 'tmpfs' falls back to {tempfile.gettempdir()}: {expected}" in caplog.text
+    monkeypatch.setattr(scratch, "_mount_of", lambda path: ("/x", "tmpfs", {"rw", "noexec"}))
+    assert "noexec" in scratch.tmpfs_problem(str(tmp_path))
+    monkeypatch.setattr(scratch, "_mount_of", lambda path: ("/x", "ext4", {"rw"}))
+    assert scratch.tmpfs_problem(str(tmp_path)) == f"{tmp_path} is ext4, not tmpfs"
+
+
 @needs_root
 def test_unreachable_scratch_root_is_a_clear_error(tmp_path):
     private = tmp_path / "private"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import logging
 import os
-import tempfile
 
 from miles_engine.errors import SandboxError
 from miles_engine.sandbox.local import scratch
@@ -14,6 +14,8 @@ from miles_engine.sandbox.local.probe import Probe, probe
 from miles_engine.sandbox.local.sandbox import LocalSandbox
 from miles_engine.sandbox.local.warm import warm_key
 from miles_engine.sandbox.protocol import Capabilities, SandboxSpec, check_supported
+
+log = logging.getLogger(__name__)
 
 
 class LocalSandboxBackend:
@@ -40,7 +42,10 @@ class LocalSandboxBackend:
                 )
             self.probe = found
         self.root = os.geteuid() == 0
-        scratch_root = o.scratch_root or tempfile.gettempdir()
+        scratch_root, fallback = scratch.resolve_root(o.scratch_root)
+        if fallback:
+            log.warning("local sandbox: scratch_root 'tmpfs' falls back to %s: %s", scratch_root, fallback)
+        self.options = o = o.model_copy(update={"scratch_root": scratch_root})
         if self.root:
             _check_traversable(scratch_root)
         # Scratch dirs of sandboxes whose process died without closing them.

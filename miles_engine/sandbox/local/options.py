@@ -37,7 +37,9 @@ class LocalSandboxOptions(BaseModel):
     max_output_bytes: int = Field(DEFAULT_MAX_OUTPUT_BYTES, gt=0, description="per-stream output cap")
     kill_grace_s: float = Field(0.5, ge=0, description="SIGTERM-to-SIGKILL grace on timeout")
     max_transfer_mb: int = Field(2048, gt=0, description="cap on read_file/download_dir transfers")
-    scratch_root: str | None = Field(None, description="parent of per-sandbox scratch dirs (default: TMPDIR)")
+    scratch_root: str | None = Field(
+        None, description="parent of per-sandbox scratch dirs (default: TMPDIR); 'tmpfs': /dev/shm when it is a "
+        "tmpfs that allows exec with >= 1 GiB free (sandbox files then live in memory), else TMPDIR with a warning")
     uid_base: int = Field(2_000_000, ge=1000, description="first uid of the per-sandbox uid pool (root only)")
     uid_pool_size: int = Field(65_536, gt=0, le=1_000_000)
     env_passthrough: tuple[str, ...] = Field(

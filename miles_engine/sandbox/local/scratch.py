@@ -14,6 +14,58 @@ from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 ROOT_DIRS = ("/tmp", "/root", "/home")  # private per sandbox in the namespace tier
+TMPFS = "tmpfs"  # scratch_root value: a memory-backed root when one is usable
+TMPFS_DIR = "/dev/shm"
+TMPFS_MIN_FREE = 1 << 30
+
+
+def _mount_of(path: str) -> tuple[str, str, set[str]] | None:
+    """(mount point, fs type, options) of the mount holding ``path``."""
+    real = os.path.realpath(path)
+    best: tuple[str, str, set[str]] | None = None
+    try:
+        with open("/proc/self/mounts") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        mnt = fields[1].replace("\\040", " ")
+        if (real == mnt or real.startswith(mnt.rstrip("/") + "/")) and (best is None or len(mnt) >= len(best[0])):
+            best = (mnt, fields[2], set(fields[3].split(",")))
+    return best
+
+
+def tmpfs_problem(path: str) -> str | None:
+    """Why ``path`` cannot hold scratch dirs in memory, or ``None`` when it can."""
+    mount = _mount_of(path)
+    if not os.path.isdir(path) or mount is None:
+        return f"{path} does not exist"
+    if mount[1] != "tmpfs":
+        return f"{path} is {mount[1]}, not tmpfs"
+    if "noexec" in mount[2]:
+        return f"{path} is mounted noexec (sandboxed programs written there could not run)"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable"
+    st = os.statvfs(path)
+    if st.f_bavail * st.f_frsize < TMPFS_MIN_FREE:
+        return f"{path} has less than {TMPFS_MIN_FREE >> 30} GiB free"
+    return None
+
+
+def resolve_root(option: str | None) -> tuple[str, str | None]:
+    """The scratch root for the ``scratch_root`` option and, for ``"tmpfs"`` that fell back
+    to TMPDIR, why: ``None`` is TMPDIR, ``"tmpfs"`` is /dev/shm when it is a tmpfs that allows
+    exec with at least 1 GiB free (file work and the per-command FIFOs then cost no disk
+    journal), any other value is the path itself."""
+    if option is None:
+        return tempfile.gettempdir(), None
+    if option != TMPFS:
+        return option, None
+    problem = tmpfs_problem(TMPFS_DIR)
+    return (TMPFS_DIR, None) if problem is None else (tempfile.gettempdir(), problem)
 
 
 def fs_dir(scratch: str, sandbox_path: str) -> str:
