@@ -121,3 +121,23 @@ def test_family_requires_its_special_tokens():
 
     with pytest.raises(ConfigError, match="needs '\\[gMASK\\]'"):
         GLMFamily().bind(load_tokenizer("builtin:bpe-chatml"))
+
+
+def test_encodings_are_remembered_by_text_and_handed_out_as_copies(codecs, monkeypatch):
+    from miles_engine.tito.families import base
+
+    codec = codecs["chatml"]
+    calls = []
+    real = codec.tokenizer.encode
+    monkeypatch.setattr(codec.tokenizer, "encode", lambda text: calls.append(text) or real(text))
+    monkeypatch.setattr(base, "TEXT_CACHE_ENTRIES", 2)
+    monkeypatch.setattr(codec, "_text_ids", {})  # the fixture is shared with other tests
+    convo = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    first = codec.encode_conversation(convo, add_generation_prompt=False)
+    first.append(-1)  # a caller's list is its own
+    again = codec.encode_conversation(convo, add_generation_prompt=False)
+    assert again == first[:-1] == real(codec.render(convo, add_generation_prompt=False)) and len(calls) == 1
+    for word in ("a", "b"):  # bounded: the oldest text is forgotten
+        codec.encode_conversation([{"role": "user", "content": word}], add_generation_prompt=True)
+    codec.encode_conversation(convo, add_generation_prompt=False)
+    assert len(calls) == 4 and len(codec._text_ids) == 2

@@ -29,6 +29,8 @@ from miles_engine.tito.messages import Message, template_view
 from miles_engine.tito.parsers import ParsedCall
 from miles_engine.tito.tokenizer import TitoTokenizer
 
+TEXT_CACHE_ENTRIES = 4096  # remembered tokenizations of whole conversations (by text) ...
+TEXT_CACHE_MAX_CHARS = 16384  # ... of at most this many characters each
 DUMMY_PREFIX: tuple[Message, ...] = (
     {"role": "user", "content": "."},
     {"role": "assistant", "content": ".", "reasoning_content": None, "tool_calls": []},
@@ -123,6 +125,7 @@ class ChatCodec:
         self._prefix_cache: dict[tuple[str, str], str] = {}
         self._prompt_cache: dict[tuple[str, str, str], list[int]] = {}
         self._constants: dict[str, tuple[int, ...]] = {}
+        self._text_ids: dict[str, tuple[int, ...]] = {}
 
     @property
     def name(self) -> str:
@@ -151,9 +154,18 @@ class ChatCodec:
 
     def encode_conversation(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None, *,
                             add_generation_prompt: bool, kwargs: dict[str, Any] | None = None) -> list[int]:
-        """Render the whole conversation once and tokenize it (turn 1, and the diagnostic)."""
-        return self.tokenizer.encode(
-            self.render(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs))
+        """Render the whole conversation once and tokenize it (turn 1, and the diagnostic).
+        Tokenizations are remembered by text: the attempts of a group often end in the same
+        conversation (the diagnostic's canonical encoding then runs once)."""
+        text = self.render(messages, tools, add_generation_prompt=add_generation_prompt, kwargs=kwargs)
+        ids = self._text_ids.get(text)
+        if ids is None:
+            ids = tuple(self.tokenizer.encode(text))
+            if len(text) <= TEXT_CACHE_MAX_CHARS:
+                if len(self._text_ids) >= TEXT_CACHE_ENTRIES:
+                    self._text_ids.pop(next(iter(self._text_ids)))  # oldest first
+                self._text_ids[text] = ids
+        return list(ids)
 
     def encode_prompt(self, messages: Sequence[Message], tools: Sequence[dict[str, Any]] | None = None, *,
                       tools_key: str, kwargs: dict[str, Any] | None = None) -> list[int]:
