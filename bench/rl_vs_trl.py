@@ -12,8 +12,9 @@ Matched settings (figure 1 of issue 5):
   systems start every RL run from that checkpoint.
 - **Task**: the single-turn ``echo`` drill of ``shell-drills`` ("Print the word W using the bash
   tool."); reward 1 when the model's first ``bash`` call prints W. Ours: the recipe's real path
-  (embedded engine, TITO session server over HTTP, ``tito`` agent with ``max_turns=1``, local
-  sandbox, the task's verifier). TRL: the same chat-rendered prompt (token ids checked equal to
+  (embedded engine, TITO session server — the agent's requests go straight into its app,
+  ``client: local``, while its HTTP port stays open —, ``tito`` agent with ``max_turns=1``,
+  local sandbox, the task's verifier). TRL: the same chat-rendered prompt (token ids checked equal to
   our codec's), a reward function that parses the completion's Hermes ``<tool_call>{json}</tool_call>``
   with the server's own parser and runs the command with ``bash -c`` in a fresh temp dir (10 s
   timeout; 8 threads, the fastest plain-Python way measured in the feasibility study; the temp
