@@ -78,8 +78,12 @@ d=$1; t=$3; g=$4; cap=$5; in=${6:-/dev/null}; shift 6
 rm -rf -- "$d"; mkdir -p -- "$d" || { echo "miles: cannot create $d" >&2; exit 97; }
 exec 2>"$d/wrapper.err"  # the shell's own job notices ("Killed") stay out of the reply
 ss=; command -v setsid >/dev/null 2>&1 && ss=setsid
+# an asynchronous command of a shell without job control starts with SIGINT and SIGQUIT
+# ignored, and an ignored signal survives exec: env --default-signal (coreutils >= 8.31)
+# gives the command default dispositions where the image's env has it
+ds=; env --default-signal true 2>/dev/null && ds=--default-signal
 # env NAME=VALUE... sh -c 'cd; exec argv': the command's own process, leader of its own session
-$ss env "$@" <"$in" >"$d/out" 2>"$d/err" &
+$ss env $ds "$@" <"$in" >"$d/out" 2>"$d/err" &
 pid=$!
 (
   trap 'kill $s 2>/dev/null; exit 0' TERM

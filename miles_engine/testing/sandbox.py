@@ -210,6 +210,16 @@ class SandboxContract:
         assert res.timed_out
         assert probe.exit_code == 0, "the background child of a timed-out command is still alive"
 
+    def test_commands_start_with_default_signal_dispositions(self, sandbox_backend: SandboxBackend, run) -> None:
+        """A backend's helpers may ignore signals for themselves; an ignored disposition
+        survives exec, so a command would inherit it (SIGPIPE: `yes | head` fails; SIGTERM:
+        a timeout's polite stop does nothing)."""
+        async def body(sb: Sandbox) -> list[ExecResult]:
+            return [await sb.exec(f"kill -{sig} $$; echo survived {sig}") for sig in ("PIPE", "TERM", "HUP", "INT")]
+
+        for res in run(self._with_sandbox(sandbox_backend, body)):
+            assert "survived" not in res.stdout and res.exit_code != 0, f"signal ignored by the command: {res}"
+
     def test_output_cap_sets_truncated(self, sandbox_backend: SandboxBackend, run) -> None:
         async def body(sb: Sandbox) -> ExecResult:
             return await sb.exec("head -c 200000 /dev/zero | tr '\\0' x; echo tail >&2; echo done > done.txt", max_output_bytes=1000)

@@ -211,6 +211,7 @@ def cmd_exec(argv: list[str]) -> None:
     if "-i" not in flags:  # stdin is attached only with -i
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as runc starts it (this Python ignores SIGPIPE)
     os.execvp("bwrap", bwrap(c, pos[1:], env, flags.get("-w", [c["workdir"]])[0]))
 
 
