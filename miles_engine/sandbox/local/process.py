@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from miles_engine.sandbox.local import procscan
+from miles_engine.sandbox.local import procscan, signals
 
 _libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_PDEATHSIG = 1
@@ -62,8 +62,10 @@ class Limits:
 
 def make_preexec(limits: Limits, *, no_new_privs: bool, die_with_parent: bool) -> Callable[[], None]:
     pairs = limits.pairs()  # computed in the parent: the child only makes syscalls
+    reset_signals = signals.preexec_reset(signals.ignored())
 
     def preexec() -> None:
+        reset_signals()
         for res, soft, hard in pairs:
             resource.setrlimit(res, (soft, hard))
         if die_with_parent:
@@ -112,15 +114,17 @@ def spawn_plan(argv: Sequence[str], limits: Limits, ids: tuple[int, int] | None,
     ``user``/``group``: CPython then starts the child with vfork (~2 ms) instead of a full fork of
     this process (50+ ms at the ~1 GB a training driver holds). Falls back to ``preexec_fn``
     where the tools are missing. setpriv sets the parent-death signal after its uid change
-    (a credential change clears it), so it still holds for the command."""
+    (a credential change clears it), so it still holds for the command. Signals this process
+    ignores are reset to their defaults first (:mod:`.signals`)."""
     tools = wrapper_tools()
-    if tools is None:
+    reset = signals.env_prefix(signals.ignored())
+    if tools is None or reset is None:
         kw: dict = {"preexec_fn": make_preexec(limits, no_new_privs=no_new_privs, die_with_parent=die_with_parent)}
         if ids:
             kw.update(user=ids[0], group=ids[1], extra_groups=[])
         return Spawn(list(argv), kw)
     prlimit, setpriv = tools
-    wrapped = [prlimit, *(f"{_PRLIMIT_FLAGS[res]}={soft}:{hard}" for res, soft, hard in limits.pairs()), "--"]
+    wrapped = [*reset, prlimit, *(f"{_PRLIMIT_FLAGS[res]}={soft}:{hard}" for res, soft, hard in limits.pairs()), "--"]
     if not (ids or die_with_parent or no_new_privs):
         return Spawn([*wrapped, *argv], {})
     wrapped.append(setpriv)

@@ -211,7 +211,8 @@ def cmd_exec(argv: list[str]) -> None:
     if "-i" not in flags:  # stdin is attached only with -i
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # as runc starts it (this Python ignores SIGPIPE)
+    for signum in (signal.SIGPIPE, signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)  # as runc starts it, whatever this CLI inherited
     os.execvp("bwrap", bwrap(c, pos[1:], env, flags.get("-w", [c["workdir"]])[0]))
 
 
