@@ -69,11 +69,11 @@ def create_app(manager: SessionManager) -> FastAPI:
         return manager.metrics()
 
     @app.post("/sessions")
-    async def create_session(request: Request) -> JSONResponse:
+    async def create_session(request: Request) -> Response:
         session = manager.create(await read_json(request, allow_empty=True))
         base = str(request.base_url).rstrip("/")
-        return JSONResponse({"session_id": session.id, "base_url": f"{base}/sessions/{session.id}/v1",
-                             "mode": session.mode})
+        return Response(wire.dumps({"session_id": session.id, "base_url": f"{base}/sessions/{session.id}/v1",
+                                    "mode": session.mode}), media_type="application/json")
 
     @app.get("/sessions/{session_id}")
     async def get_session(session_id: str) -> dict[str, Any]:
