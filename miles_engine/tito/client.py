@@ -4,9 +4,9 @@ Chat turns go through the official ``openai`` SDK (``use_openai=True``, the defa
 is installed), or straight over HTTP with ``aiohttp`` (``transport="aiohttp"``, the fast path
 for 64+ concurrent episodes) or ``httpx``; ``transport="local"`` hands each request to the
 server's ASGI app when the server runs in this process (see :mod:`miles_engine.tito.local`),
-else goes over aiohttp. Connection pools are shared
-per event loop and server: building a client loads the CA bundle (~30 ms), and httpx's pool
-checks every idle connection on every request, which dominated short episodes.
+else goes over aiohttp. Connection pools are shared per event loop and server: building a
+client loads the CA bundle (~30 ms), and httpx's pool checks every idle connection on every
+request, which dominated short episodes.
 """
 
 from __future__ import annotations

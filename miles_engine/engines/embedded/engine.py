@@ -50,6 +50,11 @@ from miles_engine.errors import EngineRequestError
 _PAUSE_MODES = ("abort", "retract", "in_place")
 
 
+def _check_pause_mode(mode: str) -> None:
+    if mode not in _PAUSE_MODES:
+        raise EngineRequestError(f"unknown pause mode {mode!r}; allowed: {', '.join(_PAUSE_MODES)}")
+
+
 def _eos_ids(model: Any) -> frozenset[int]:
     ids: set[int] = set()
     for cfg in (getattr(model, "generation_config", None), model.config):
@@ -248,8 +253,7 @@ class EmbeddedEngine:
         ``retract``: running requests drop their KV and go back to the queue, to be
         re-prefilled (prompt + tokens so far) after :meth:`resume`; ``in_place``: they keep
         their KV and continue after :meth:`resume`. New requests queue while paused."""
-        if mode not in _PAUSE_MODES:
-            raise EngineRequestError(f"unknown pause mode {mode!r}; allowed: {', '.join(_PAUSE_MODES)}")
+        _check_pause_mode(mode)
         await self._call(lambda: self._sched.pause(mode))
 
     async def resume(self) -> None:
@@ -276,8 +280,7 @@ class EmbeddedEngine:
         """:meth:`pause` (``pause_mode``), :meth:`update_weights`, :meth:`resume` as one command
         of the engine thread: one stop between two forward passes instead of three round trips
         (each waits for the current forward). An engine paused before stays paused."""
-        if pause_mode not in _PAUSE_MODES:
-            raise EngineRequestError(f"unknown pause mode {pause_mode!r}; allowed: {', '.join(_PAUSE_MODES)}")
+        _check_pause_mode(pause_mode)
         tensors = W.from_mapping(weights, self._tensors)
         sched = self._sched
 
