@@ -23,20 +23,16 @@ import secrets
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol, Self
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Self
 
 from miles_engine.errors import SandboxError, SandboxUnsupportedError
 from miles_engine.sandbox.protocol import (
-    DEFAULT_MAX_OUTPUT_BYTES,
     ExecResult,
     IsolationLevel,
     SandboxSpec,
 )
 from miles_engine.sandbox.remote import (
     QuotaError,
-    RetryPolicy,
     TransientError,
     decode_output,
     retry_idempotent,
@@ -51,57 +47,15 @@ from miles_engine.sandbox.remote_exec import (
     parse_status,
     q,
 )
+from miles_engine.sandbox.remote_transport import (
+    RemoteExecOptions,
+    StreamLost,
+    Transport,
+)
 from miles_engine.sandbox.tarball import pack_dir, pack_files, unpack_into
 
 OWNED_SCRIPT_TIMEOUT_S = 300.0  # our own file-moving scripts
 _REPLY_SLACK_S = 30.0  # on top of timeout + grace: how long the SDK call may take end to end
-
-
-class StreamLost(TransientError):
-    """The connection carrying a running command dropped; the command may still be running."""
-
-
-class SandboxGone(SandboxError):
-    """The provider says the sandbox no longer exists (killed, expired, swept)."""
-
-
-class Transport(Protocol):
-    """What a provider adapter supplies for one live sandbox."""
-
-    async def run_script(self, script: str, *, timeout_s: float) -> str:
-        """Run ``sh -c script`` once as root and return its stdout (the wrapper always exits 0).
-
-        Raise :class:`QuotaError` only when the provider refused the request (nothing ran),
-        :class:`StreamLost` when the connection dropped after the request was sent,
-        :class:`SandboxGone` when the sandbox no longer exists."""
-        ...
-
-    async def put_file(self, path: str, data: bytes) -> None:
-        """Write ``data`` to ``path`` (its directory exists). Idempotent; raise
-        :class:`TransientError`/:class:`QuotaError` for failures worth retrying."""
-        ...
-
-    async def get_file(self, path: str) -> bytes:
-        """The bytes of ``path``; :class:`FileNotFoundError` when it does not exist."""
-        ...
-
-    async def is_alive(self) -> bool: ...
-
-    async def destroy(self) -> None:
-        """Delete the sandbox. Idempotent: an already-gone sandbox is not an error."""
-        ...
-
-
-class RemoteExecOptions(BaseModel):
-    """Exec and transfer settings shared by the remote adapters (embedded in their options)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    default_timeout_s: float = Field(120.0, gt=0, description="exec timeout when none is given")
-    kill_grace_s: float = Field(2.0, ge=0, description="SIGTERM-to-SIGKILL grace on timeout")
-    max_output_bytes: int = Field(DEFAULT_MAX_OUTPUT_BYTES, gt=0, description="per-stream output cap")
-    max_transfer_mb: int = Field(256, gt=0, description="cap on read_file/download_dir transfers")
-    retry: RetryPolicy = Field(default_factory=RetryPolicy)
 
 
 class RemoteSandbox:

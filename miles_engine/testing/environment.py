@@ -40,7 +40,14 @@ from miles_engine.environments.capabilities import (
     environment_capabilities,
     unmet_environment_needs,
 )
-from miles_engine.environments.protocol import EnvironmentSource, RewardResult, Task, TaskLimits, TaskRef, ToolSpec
+from miles_engine.environments.protocol import (
+    EnvironmentSource,
+    RewardResult,
+    Task,
+    TaskLimits,
+    TaskRef,
+    ToolSpec,
+)
 from miles_engine.errors import MilesError
 from miles_engine.rollout.episode import EpisodeResult, run_episode
 from miles_engine.sandbox.protocol import ISOLATION_ORDER

@@ -29,7 +29,12 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from miles_engine.environments.base import SandboxTask
-from miles_engine.environments.protocol import EpisodeContext, Message, RewardResult, TaskLimits
+from miles_engine.environments.protocol import (
+    EpisodeContext,
+    Message,
+    RewardResult,
+    TaskLimits,
+)
 from miles_engine.errors import SandboxError
 from miles_engine.sandbox.protocol import ExecResult, SandboxSpec
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from miles_engine.errors import SandboxError
 from miles_engine.sandbox.remote import QuotaError, TransientError, redact
-from miles_engine.sandbox.remote_sandbox import SandboxGone, StreamLost
+from miles_engine.sandbox.remote_transport import SandboxGone, StreamLost
 
 
 def classify(exc: BaseException, *, what: str, api_key: str | None, dispatched: bool = False) -> BaseException:

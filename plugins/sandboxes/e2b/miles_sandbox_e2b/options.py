@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from miles_engine.sandbox.remote_sandbox import RemoteExecOptions
+from miles_engine.sandbox.remote_transport import RemoteExecOptions
 
 
 class E2BSandboxOptions(RemoteExecOptions):

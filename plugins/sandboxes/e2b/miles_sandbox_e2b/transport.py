@@ -8,7 +8,7 @@ from typing import Any
 
 from miles_engine.errors import SandboxError
 from miles_engine.sandbox.remote import QuotaError, TransientError, redact
-from miles_engine.sandbox.remote_sandbox import SandboxGone, StreamLost
+from miles_engine.sandbox.remote_transport import SandboxGone, StreamLost
 
 ROOT = "root"  # E2B's default user is 'user'; tasks expect root, as under Docker
 
