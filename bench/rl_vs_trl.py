@@ -62,6 +62,7 @@ from bench.rl_common import (  # noqa: E402
 ECHO = ["environment.options.kinds=[echo]"]
 GROUP, PROMPTS, MAX_TOKENS, LR = 8, 8, 40, 1e-3
 KEEPALIVE = [False]  # --keepalive-workaround (bench-only; see rl_common.KEEPALIVE_PATCH)
+OURS_EXTRA: list[str] = []  # --ours-set KEY=VALUE ...: our side off the recipe's defaults, said in the report
 
 
 def sft_overrides(quick: bool) -> list[str]:
@@ -124,7 +125,7 @@ def _common(samples: list[float], times: list[float], rewards: list[float]) -> d
 
 
 def run_ours(ckpt: Path, seed: int, steps: int, out: Path, max_minutes: float) -> dict[str, Any]:
-    res = run_miles(ours_overrides(ckpt, seed, steps, max_minutes), out_dir=out, name=f"ours-s{seed}",
+    res = run_miles([*ours_overrides(ckpt, seed, steps, max_minutes), *OURS_EXTRA], out_dir=out, name=f"ours-s{seed}",
                     timeout=max_minutes * 60 + 180, keepalive_workaround=KEEPALIVE[0])
     if res.get("error"):
         print(res["error"], file=sys.stderr)
@@ -148,7 +149,8 @@ def report(runs: list[dict[str, Any]], ckpt_info: dict[str, Any], args: argparse
              f"{MAX_TOKENS} max tokens, 1 torch thread/process)", "",
              f"SFT warm start: {ckpt_info['sft_steps']} steps in {ckpt_info['sft_s']:.0f} s "
              f"(loss {ckpt_info['loss_first']:.2f} -> {ckpt_info['loss_last']:.2f}); model {ckpt_info['params']:,} "
-             f"params, vocab {ckpt_info['vocab']}; RL steps per run: {args.steps}; seeds {args.seeds}", ""]
+             f"params, vocab {ckpt_info['vocab']}; RL steps per run: {args.steps}; seeds {args.seeds}"
+             + (f"; our side also with {' '.join(OURS_EXTRA)}" if OURS_EXTRA else ""), ""]
     head = ["run", "seed", "steps", "samples/s", "samples/s (all)", "s/step", "gen", "reward", "train", "push",
             "wait", "tool use", "start", "+0.3 at step (s)", "0.8 at step (s)", "last MA3", "wall s", "cpu s",
             "failed traj", "TITO mismatch warnings"]
@@ -160,7 +162,7 @@ def report(runs: list[dict[str, Any]], ckpt_info: dict[str, Any], args: argparse
                      r["cpu_s"], r["failed"], r["mismatch"]])
     lines += [table(head, body), ""]
     lines.append("gen / reward: ours = mean per-episode generation (agent) and verifier seconds, overlapped "
-                 "across 64 in-flight episodes and with training; TRL = per-step seconds in `generate` and in "
+                 "across the in-flight episodes and with training; TRL = per-step seconds in `generate` and in "
                  "the reward function. train: ours = trainer step (s); TRL = the rest of the step (log-probs, "
                  "loss, backward, optimizer). wait: seconds the trainer waited for a full batch. Medians over "
                  "steps 3..N. samples/s = samples of steps 3..N / their wall time; (all) = all steps / seconds "
@@ -204,8 +206,11 @@ def main() -> None:
     p.add_argument("--only", choices=["ours", "trl"], default=None, help="run one side only")
     p.add_argument("--keepalive-workaround", action="store_true",
                    help="raise the session server's HTTP keep-alive to 60 s (bench-only patch; see rl_common.py)")
+    p.add_argument("--ours-set", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="extra recipe overrides for our side (e.g. rollout.max_inflight=64)")
     args = p.parse_args()
     KEEPALIVE[0] = args.keepalive_workaround
+    OURS_EXTRA[:] = args.ours_set
     args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
     args.steps = args.steps or (4 if args.quick else 30)
     args.max_run_minutes = args.max_run_minutes or (1.5 if args.quick else 4.0)

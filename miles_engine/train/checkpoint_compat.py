@@ -20,7 +20,8 @@ LAYOUT_KEYS = ("placement.trainer", "placement.trainer_ranks", "trainer.parallel
                "trainer.parallel.device")
 MUTABLE = ("description", "eval", "metrics", "run", "sft", "sandbox.options", "engine.max_batch_size",
            "engine.threads", "rollout.max_inflight", "rollout.episode_timeout_s", "buffer.capacity_groups",
-           "trainer.num_threads", "trainer.parallel.start_timeout_s", "trainer.parallel.step_timeout_s")
+           "trainer.num_threads", "trainer.sft.num_threads", "trainer.parallel.start_timeout_s",
+           "trainer.parallel.step_timeout_s")
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

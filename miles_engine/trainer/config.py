@@ -154,6 +154,9 @@ class SFTConfig(_Section):
     aggregation: Aggregation = "token_mean"
     optimizer: OptimizerConfig | None = None
     lr_schedule: ScheduleConfig | None = None
+    num_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads for SFT steps (nothing else runs during the warm "
+                                "start, so every core can serve them); None: as trainer.num_threads")
 
 
 class ParallelConfig(_Section):

@@ -44,8 +44,8 @@ class TorchTrainer:
     def __init__(self, model: Any, config: TrainerConfig | dict[str, Any] | None = None, *,
                  device: str | torch.device | None = None, comm: Local | None = None) -> None:
         self.config = cfg = TrainerConfig.load(config)
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
+        self._threads: int | None = None
+        self._use_threads(cfg.num_threads)
         self.device = torch.device(device if device is not None else cfg.parallel.device)
         if cfg.dtype == "bfloat16" and self.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise RuntimeError("trainer.dtype=bfloat16 but this GPU does not support bfloat16; use float32")
@@ -219,6 +219,12 @@ class TorchTrainer:
         return dict(zip(keys, vec.tolist()))
 
     # ------------------------------------------------------------------ public API
+    def _use_threads(self, threads: int | None) -> None:
+        """SFT may run with more intra-op threads than RL steps, which share the box with rollouts."""
+        if threads and threads != self._threads:
+            torch.set_num_threads(threads)
+            self._threads = threads
+
     def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
         """One RL step on whole groups: ``ppo_epochs x minibatches`` optimizer steps."""
         validate_groups(groups, vocab_size=self.vocab_size, need_teacher=self.config.opd.enabled,
@@ -230,6 +236,7 @@ class TorchTrainer:
     def train_minibatches(self, minibatches: Sequence[Sequence[Group]]) -> dict[str, float]:
         """``train_step`` on pre-split minibatches (a rank's share; lists may be empty)."""
         t0 = time.perf_counter()
+        self._use_threads(self.config.num_threads)
         batch = from_groups(minibatches, teacher=self.config.opd.enabled, pad_id=self.pad_id,
                             routing=self.routing[:2] if self.routing else None,
                             candidates=self.config.opd.uses_candidates)
@@ -244,6 +251,7 @@ class TorchTrainer:
     def sft_step(self, batch: Sequence[Any]) -> dict[str, float]:
         """Cross-entropy on the loss-mask tokens of ``(token_ids, loss_mask)`` rows; one optimizer step."""
         t0 = time.perf_counter()
+        self._use_threads(self.config.sft.num_threads or self.config.num_threads)
         rows = as_sft_rows(batch, self.vocab_size) if len(batch) else []
         sb = from_sft_rows(rows, self.pad_id)
         everything = list(range(sb.rows))

@@ -4,7 +4,9 @@ Real pieces only: a BPE trained at start-up, SFT on noisy demonstrations, the em
 the TITO session server over HTTP, local sandbox subprocesses, a trainer in its own process,
 weight pushes every step. The recipe runs as shipped (both drills, its full SFT warm start: a
 shorter or single-drill SFT leaves a weaker start whose RL rise over ~20 steps sits right at
-the margin), only with fewer RL steps. Asserts the reward margin, not exact values.
+the margin), only with fewer RL steps: 30 of its 60. Over the first 16 steps the rise measured
+0.38-0.50 here and 0.30 in one CI run; over 30 steps 0.47-0.55 (6 runs, ~2 min each). Asserts the
+reward margin, not exact values.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from click.testing import CliRunner
 
 from miles_engine.cli.main import cli
 
-SHORT = ["run.steps=16", "run.max_minutes=6", "run.checkpoint_every=8", "metrics.progress=false"]
+SHORT = ["run.steps=30", "run.max_minutes=6", "run.checkpoint_every=10", "metrics.progress=false"]
 
 
 def moving_average(values: list[float], k: int = 3) -> list[float]:
@@ -39,7 +41,8 @@ def test_tiny_terminal_recipe_learns(tmp_path: Path) -> None:
     rewards = [r["reward/mean"] for r in train]
     assert len(rewards) >= 6, rewards
     ma = moving_average(rewards)
-    assert max(ma) - ma[0] >= 0.3, f"3-step moving average did not rise by 0.3: {ma}"
+    seen = {k: [round(r.get(k) or 0.0, 2) for r in train] for k in ("reward/echo", "reward/calc", "buffer/taken/s_old_avg")}
+    assert max(ma) - ma[0] >= 0.3, f"3-step moving average did not rise by 0.3: {ma}; per step: {seen}"
     assert all(r["rollout/failed"] == 0 for r in train)
     assert all(r.get("tito/mismatch_bug_rate", 0.0) == 0.0 for r in train)
     assert all("tis/ratio_mean" in r for r in train)  # where the report's TIS panel reads it

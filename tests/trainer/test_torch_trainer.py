@@ -121,6 +121,25 @@ def _grads_of_one_step(cfg: dict, budget: int, groups: list[Group]) -> dict[str,
     return grads
 
 
+def test_sft_steps_use_their_own_thread_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm start has the box to itself (trainer.sft.num_threads); RL steps go back to
+    trainer.num_threads, and an unchanged count is not set again every step."""
+    calls: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    tr = TorchTrainer(TINY, {"num_threads": 1, "sft": {"num_threads": 2}})
+    rows = [([1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 1, 1])]
+    tr.sft_step(rows)
+    tr.sft_step(rows)
+    assert calls == [1, 2]
+    tr.train_step(random_groups(2, 2, seed=3))
+    tr.train_step(random_groups(2, 2, seed=4))
+    assert calls == [1, 2, 1]
+    calls.clear()
+    same = TorchTrainer(TINY, {"num_threads": 1})  # unset: SFT keeps the RL count
+    same.sft_step(rows)
+    assert calls == [1]
+
+
 @pytest.mark.parametrize("cfg", [
     {"loss_aggregation": "token_mean", "mismatch": {"mode": "tis"}},
     {"loss_aggregation": "seq_mean_token_mean", "entropy_coef": 0.01, "kl": {"coef": 0.1, "reference": True}},
