@@ -74,8 +74,12 @@ def test_errors_are_the_same_statuses_and_bodies_as_over_http(codecs):
                     await c._request("GET", f"{server.url}/sessions/nope/trajectories"),
                     await c._request("POST", f"{server.url}/sessions", {"mode": "sideways"}),
                     await c._request("DELETE", f"{server.url}/sessions/nope?trajectories=true"),
+                    await c._request("DELETE", f"{server.url}/sessions/nope?trajectories=maybe"),
+                    await c._request("POST", f"{server.url}/sessions/nope/v1/chat/completions", {"messages": []}),
+                    await c._request("PUT", f"{server.url}/sessions"),
                 ]
-            assert [s for s, _ in answers["local"]] == [404, 400, 404]
+            assert [s for s, _ in answers["local"]] == [404, 400, 404, 400, 404, 405]
+            assert b'"param":"trajectories"' in answers["local"][3][1]
             assert answers["local"] == answers["aiohttp"]
         finally:
             await close_pools()

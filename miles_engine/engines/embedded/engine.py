@@ -166,6 +166,19 @@ class EmbeddedEngine:
         ids = raw.tolist() if hasattr(raw, "tolist") else list(raw)  # tensors / arrays too
         if not ids:
             raise EngineRequestError("input_ids is empty: a prompt needs at least one token")
+        plain = all(type(t) is int for t in ids)  # the common case, checked in C
+        if not (plain and 0 <= min(ids) and max(ids) < self.vocab_size):
+            self._name_bad_id(ids)
+        if len(ids) >= self.max_context_len:
+            raise EngineRequestError(
+                f"prompt of {len(ids)} tokens does not fit the context of {self.max_context_len} tokens "
+                f"(it must leave room for at least one new token)")
+        if request.return_routed_experts and not self.is_moe:
+            raise EngineRequestError("return_routed_experts was requested but the model is dense (no MoE layers)")
+        return sp, ids if plain else [int(t) for t in ids]
+
+    def _name_bad_id(self, ids: list[Any]) -> None:
+        """Raise for the first id that is not an in-vocabulary integer (numpy ints are fine)."""
         for i, t in enumerate(ids):
             if isinstance(t, bool) or not isinstance(t, int):
                 try:
@@ -178,13 +191,6 @@ class EmbeddedEngine:
             if not 0 <= int(t) < self.vocab_size:
                 raise EngineRequestError(
                     f"input_ids[{i}] = {int(t)} is out of vocabulary (valid ids: 0..{self.vocab_size - 1})")
-        if len(ids) >= self.max_context_len:
-            raise EngineRequestError(
-                f"prompt of {len(ids)} tokens does not fit the context of {self.max_context_len} tokens "
-                f"(it must leave room for at least one new token)")
-        if request.return_routed_experts and not self.is_moe:
-            raise EngineRequestError("return_routed_experts was requested but the model is dense (no MoE layers)")
-        return sp, [int(t) for t in ids]
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         if self._closed or not self._sched.alive:
