@@ -30,6 +30,8 @@ class MetricsConfig(BaseModel):
     wandb: bool = Field(False, description="W&B in offline mode under RUN_DIR (upload later with `wandb sync`)")
     wandb_project: str = Field("miles", min_length=1)
     progress: bool = Field(True, description="progress bar (plain lines when stdout is not a terminal)")
+    samples_per_step: int = Field(2, ge=0, description="RUN_DIR/samples.jsonl: this many trajectories of each RL "
+                                  "step, best- and worst-rewarded alternately, decoded (0: off)")
     progress_every: int | None = Field(None, ge=1, description="plain mode: a line every N steps "
                                        "(default: ~20 lines per phase)")
 

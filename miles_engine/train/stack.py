@@ -68,6 +68,7 @@ class TrainingStack:
     # ------------------------------------------------------------------ build
     async def build(self) -> TrainingStack:
         from miles_engine.metrics import MetricsLogger
+        from miles_engine.metrics.samples import SampleLog
         from miles_engine.rollout.buffer import AsyncBuffer
         from miles_engine.rollout.modes import create_mode, validate_mode
         from miles_engine.rollout.scheduler import Scheduler, SchedulerOptions
@@ -136,6 +137,8 @@ class TrainingStack:
         self.mode = create_mode(cfg.rollout.mode, self.scheduler, groups_per_step=cfg.rollout.groups_per_step)
         self.metrics = MetricsLogger(self.run_dir, cfg.metrics, total_steps=cfg.run.steps,
                                      run_config=cfg.model_dump(mode="json"))
+        self.samples = SampleLog(self.run_dir, cfg.metrics.samples_per_step, self.codec.tokenizer.decode)
+        self._closers.append(lambda: asyncio.to_thread(self.samples.close))
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         if self.resumed is not None:
             await self._restore(self.resumed)
@@ -320,6 +323,7 @@ class TrainingStack:
         self.checkpoint_metrics = {}
         metrics["time/elapsed"] = time.monotonic() - self.started
         self.metrics.log(step, metrics)
+        self.samples.write(step, self.version, groups)
 
     async def aclose(self) -> None:
         for close in getattr(self, "mode", None) and [self.mode.stop] or []:

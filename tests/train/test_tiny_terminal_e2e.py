@@ -48,3 +48,7 @@ def test_tiny_terminal_recipe_learns(tmp_path: Path) -> None:
     assert all("tis/ratio_mean" in r for r in train)  # where the report's TIS panel reads it
     assert max(r["weights/version"] for r in train) > train[0]["weights/version"]  # pushed every step
     assert (run / "checkpoints").is_dir() and any((run / "checkpoints").iterdir())
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in samples] == [r["step"] for r in train for _ in range(2)]
+    assert all(r["completion"] and r["sampled_tokens"] > 0 for r in samples)
+    assert any("<tool_call>" in r["completion"] for r in samples)  # the policy's own words, decoded
