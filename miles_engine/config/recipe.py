@@ -22,6 +22,7 @@ from miles_engine.train.config import (
 from miles_engine.train.policy_tokenizer import TokenizerConfig
 from miles_engine.teachers.config import OPDRunConfig
 from miles_engine.train.tiny_model import TinyModelConfig
+from miles_engine.tito.service import SessionServerConfig
 from miles_engine.trainer.config import TrainerConfig
 from miles_engine.config.yaml_source import apply_overrides, load_yaml_file
 from miles_engine.errors import ConfigError, MilesError
@@ -69,6 +70,7 @@ class RecipeConfig(Section):
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     model: TinyModelConfig = Field(default_factory=TinyModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
+    session_server: SessionServerConfig = Field(default_factory=SessionServerConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     sft: SFTRunConfig = Field(default_factory=SFTRunConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)

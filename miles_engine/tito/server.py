@@ -28,6 +28,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from miles_engine.fastapi_app import new_fastapi_app
 from miles_engine.tito import wire
 from miles_engine.tito.errors import BadRequest, TitoError
 from miles_engine.tito.service import SessionManager
@@ -37,7 +38,8 @@ INLINE_REPORT_GENERATIONS = 4  # larger sessions assemble their report off the e
 
 
 def create_app(manager: SessionManager) -> FastAPI:
-    app = FastAPI(title="miles TITO session server", docs_url=None, redoc_url=None, openapi_url=None)
+    app = new_fastapi_app(otel=manager.config.otel, title="miles TITO session server", docs_url=None,
+                          redoc_url=None, openapi_url=None)
     app.state.manager = manager
 
     @app.exception_handler(TitoError)

@@ -116,6 +116,7 @@ class Session:
         self.created = self.last_used = time.time()
         self._seq = itertools.count(1)
         self.diagnostics: dict[int, dict[str, Any]] = {}
+        self.diagnose = True  # whether reports carry tito_session_mismatch (SessionServerConfig.diagnose_every)
         self.parse_cache: list[tuple[Any, Message]] = []
 
     # ---- matching ------------------------------------------------------------------------------

@@ -89,12 +89,12 @@ def assemble(session: Session, *, diagnose: bool = True) -> list[dict[str, Any]]
 
 
 def session_report(session: Session) -> dict[str, Any]:
-    trajectories = assemble(session)
+    trajectories = assemble(session, diagnose=session.diagnose)
     return {
         "session_id": session.id,
         "mode": session.mode,
         "family": session.codec.name,
         "metadata": session.metadata,
         "trajectories": trajectories,
-        "metrics": summarize([t["tito_session_mismatch"] for t in trajectories]),
+        "metrics": summarize([t["tito_session_mismatch"] for t in trajectories if "tito_session_mismatch" in t]),
     }

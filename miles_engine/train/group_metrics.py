@@ -27,6 +27,8 @@ def group_metrics(groups: Sequence[Group]) -> dict[str, float]:
         values = [t.metrics[key] for t in trajs if key in t.metrics]
         if values:
             out[name] = statistics.fmean(values)
+    # session_server.diagnose_every: the mismatch rate is over the diagnosed trajectories only
+    out["tito/diagnosed"] = float(sum("tito_mismatch_bug" in t.metrics for t in trajs))
     sampled = [t.num_sampled for t in trajs]
     if sampled:
         out["rollout/sampled_tokens"] = statistics.fmean(sampled)

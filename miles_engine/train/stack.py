@@ -228,7 +228,7 @@ class TrainingStack:
         from miles_engine.tito.client import close_pools
         from miles_engine.tito.serve import start_session_server
 
-        server = await start_session_server(self.engine, self.codec)
+        server = await start_session_server(self.engine, self.codec, config=self.cfg.session_server)
         self._closers[:0] = [close_pools, server.stop]
         return server
 

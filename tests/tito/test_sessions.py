@@ -248,3 +248,58 @@ def test_delete_with_trajectories_collects_and_closes_in_one_request(codecs):
             assert r.json() == {"session_id": plain[0], "deleted": True}
 
     asyncio.run(run())
+
+
+def test_mismatch_diagnostic_runs_on_every_nth_session_unless_a_session_asks(codecs):
+    codec = codecs["chatml"]
+    manager, engine, scripts = make_server(codec, diagnose_every=3)
+
+    async def episode(c, **body: Any) -> dict:
+        sid, url = await _open(c, **body)
+        scripts.add(sid, sampled_text("chatml", content="ok"))
+        await _chat(c, url, [{"role": "user", "content": "hi"}])
+        r = await c.delete(f"/sessions/{sid}", params={"trajectories": "true"})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    async def run():
+        async with asgi(manager) as c:
+            reports = [await episode(c) for _ in range(6)]
+            diagnosed = ["tito_session_mismatch" in r["trajectories"][0] for r in reports]
+            assert diagnosed == [True, False, False, True, False, False]
+            assert [r["metrics"]["tito_session_mismatch_trajectories"] for r in reports] == [1, 0, 0, 1, 0, 0]
+            assert "tito_session_mismatch_rate" not in reports[1]["metrics"]
+            assert "tito_session_mismatch" in (await episode(c, diagnose=True))["trajectories"][0]  # 7th: asked
+            assert "tito_session_mismatch" not in (await episode(c, diagnose=False))["trajectories"][0]  # 8th
+            r = await c.post("/sessions", json={"diagnose": "yes"})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "diagnose", r.text
+            metrics = (await c.get("/metrics")).json()
+            assert metrics["tito_session_mismatch_trajectories"] == 3 and metrics["sessions_created"] == 8
+
+    asyncio.run(run())
+    never, _, _ = make_server(codec, diagnose_every=0)
+    assert not never.create().diagnose and not never.create().diagnose
+
+
+def test_fastapi_native_telemetry_is_off_unless_asked(codecs, monkeypatch):
+    fastapi = pytest.importorskip("fastapi")
+    import inspect
+
+    if "telemetry" not in inspect.signature(fastapi.FastAPI.__init__).parameters:
+        pytest.skip("this FastAPI has no native telemetry")
+    from opentelemetry import trace
+
+    lookups: list[int] = []
+    real = trace.get_tracer_provider
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: lookups.append(1) or real())
+
+    async def run(otel: bool) -> int:
+        lookups.clear()
+        manager, _, _ = make_server(codecs["chatml"], otel=otel)
+        async with asgi(manager) as c:
+            for _ in range(3):
+                assert (await c.get("/health")).status_code == 200
+        return len(lookups)
+
+    assert asyncio.run(run(otel=False)) == 0
+    assert asyncio.run(run(otel=True)) >= 3  # FastAPI asks on every request

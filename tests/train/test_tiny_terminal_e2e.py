@@ -45,6 +45,8 @@ def test_tiny_terminal_recipe_learns(tmp_path: Path) -> None:
     assert max(ma) - ma[0] >= 0.3, f"3-step moving average did not rise by 0.3: {ma}; per step: {seen}"
     assert all(r["rollout/failed"] == 0 for r in train)
     assert all(r.get("tito/mismatch_bug_rate", 0.0) == 0.0 for r in train)
+    diagnosed, samples = sum(r["tito/diagnosed"] for r in train), sum(r["rollout/num_samples"] for r in train)
+    assert 0 < diagnosed < samples / 4, (diagnosed, samples)  # session_server.diagnose_every: 8
     assert all("tis/ratio_mean" in r for r in train)  # where the report's TIS panel reads it
     assert max(r["weights/version"] for r in train) > train[0]["weights/version"]  # pushed every step
     assert (run / "checkpoints").is_dir() and any((run / "checkpoints").iterdir())

@@ -41,6 +41,7 @@ from miles_engine.engines.http import DEFAULT_ENGINE_FACTORY, scoring, tensors, 
 from miles_engine.engines.http.wire import BadRequest, error_body
 from miles_engine.engines.protocol import GenerateRequest, RolloutEngine, SamplingParams
 from miles_engine.errors import MilesError
+from miles_engine.fastapi_app import new_fastapi_app
 
 log = logging.getLogger(__name__)
 PAUSE_MODES = ("abort", "retract", "in_place")
@@ -77,9 +78,10 @@ async def _json(request: Request, required: bool = True) -> dict[str, Any]:
 
 
 def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_engine: bool = True,
-               tokenizer: Any = None) -> FastAPI:
+               tokenizer: Any = None, otel: bool = False) -> FastAPI:
     """A FastAPI app serving ``engine``; ``close_engine`` closes it on app shutdown. ``tokenizer``
-    (default: ``tokenizer.json`` in the model directory) serves ``/v1/tokenize``."""
+    (default: ``tokenizer.json`` in the model directory) serves ``/v1/tokenize``. ``otel``: FastAPI's
+    native OpenTelemetry instrumentation (see :func:`miles_engine.fastapi_app.new_fastapi_app`)."""
     inflight: dict[str, GenerateRequest] = {}
     tok = scoring.find_tokenizer(engine, model_path, tokenizer)
     state = {"paused": False, "started": time.time()}
@@ -91,7 +93,7 @@ def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_en
         if close_engine:
             await engine.aclose()
 
-    app = FastAPI(title="miles-engine (SGLang-compatible)", lifespan=lifespan)
+    app = new_fastapi_app(otel=otel, title="miles-engine (SGLang-compatible)", lifespan=lifespan)
 
     @app.exception_handler(BadRequest)
     async def _bad(_: Request, exc: BadRequest) -> JSONResponse:
