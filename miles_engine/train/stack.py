@@ -24,6 +24,7 @@ from miles_engine.rollout.types import Group
 from miles_engine.sandbox.remote import RUN_ID_ENV
 from miles_engine.train import checkpoint, consumed, crash_points, resume
 from miles_engine.train.checkpoint_compat import check as check_resume
+from miles_engine.train.engine_metrics import EngineStepMetrics
 from miles_engine.train.group_metrics import group_metrics
 
 
@@ -104,6 +105,7 @@ class TrainingStack:
         self.model = self._build_model()
         self.trainer = await asyncio.to_thread(self._build_trainer)
         self.engine = await self._build_engine()
+        self.engine_metrics = EngineStepMetrics(self.engine)
         self.server = await self._start_server()
         from miles_engine.weights import create_transport
 
@@ -318,6 +320,7 @@ class TrainingStack:
         metrics.update(self.scheduler.metrics())
         metrics.update(self.mode.metrics())
         metrics.update(self.last_push.metrics())
+        metrics.update(self.engine_metrics.metrics())
         metrics.update({f"time/{k}": v for k, v in self.timers.items()})
         metrics.update(self.checkpoint_metrics)
         self.checkpoint_metrics = {}

@@ -47,7 +47,8 @@ def test_tiny_terminal_recipe_learns(tmp_path: Path) -> None:
     assert all(r.get("tito/mismatch_bug_rate", 0.0) == 0.0 for r in train)
     diagnosed, samples = sum(r["tito/diagnosed"] for r in train), sum(r["rollout/num_samples"] for r in train)
     assert 0 < diagnosed < samples / 4, (diagnosed, samples)  # session_server.diagnose_every: 8
-    assert all("tis/ratio_mean" in r for r in train)  # where the report's TIS panel reads it
+    assert all("tis/ratio_mean" in r for r in train)
+    assert any(r["engine/mean_decode_batch"] > 1 for r in train)  # the embedded engine batches episodes  # where the report's TIS panel reads it
     assert max(r["weights/version"] for r in train) > train[0]["weights/version"]  # pushed every step
     assert (run / "checkpoints").is_dir() and any((run / "checkpoints").iterdir())
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]

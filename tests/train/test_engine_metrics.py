@@ -1,0 +1,40 @@
+"""engine/* step metrics: deltas of the engine's cumulative counters over the step's wall time."""
+
+from __future__ import annotations
+
+import pytest
+
+from miles_engine.train import engine_metrics
+from miles_engine.train.engine_metrics import EngineStepMetrics
+
+
+class CountingEngine:
+    def __init__(self) -> None:
+        self.counters = dict(steps=0, batch_rows=0, prefill_forwards=0, busy_s=0.0, output_tokens=0)
+
+    def stats(self) -> dict:
+        return dict(self.counters)
+
+
+def test_step_metrics_are_deltas_over_the_step(monkeypatch):
+    clock = iter([100.0, 102.0, 103.0])
+    monkeypatch.setattr(engine_metrics.time, "monotonic", lambda: next(clock))
+    engine = CountingEngine()
+    m = EngineStepMetrics(engine)
+    engine.counters.update(steps=10, batch_rows=80, prefill_forwards=4, busy_s=1.5, output_tokens=120)
+    assert m.metrics() == pytest.approx({"engine/decode_steps": 10, "engine/prefill_forwards": 4,
+                                         "engine/mean_decode_batch": 8.0, "engine/busy_fraction": 0.75,
+                                         "engine/output_tokens_per_s": 60.0})
+    engine.counters.update(steps=12, batch_rows=83, prefill_forwards=4, busy_s=2.0, output_tokens=126)
+    assert m.metrics() == pytest.approx({"engine/decode_steps": 2, "engine/prefill_forwards": 0,
+                                         "engine/mean_decode_batch": 1.5, "engine/busy_fraction": 0.5,
+                                         "engine/output_tokens_per_s": 6.0})
+
+
+def test_engines_without_a_stats_dict_add_nothing():
+    class Router:
+        def stats(self) -> list:  # one dict per engine: not summed here
+            return [{"steps": 1}]
+
+    assert EngineStepMetrics(object()).metrics() == {}
+    assert EngineStepMetrics(Router()).metrics() == {}
