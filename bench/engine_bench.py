@@ -13,6 +13,12 @@
 3. Prefix reuse: 4 concurrent 8-turn sessions (128 new prompt tokens + 32 generated per turn):
    time to first token and turn latency with the session prefix cache vs without (same
    requests, interleaved turn by turn, outputs checked identical), and the hit rates.
+4. GRPO groups: waves of 8 groups x 8 attempts (one prompt per group, attempts arriving within
+   a few ms, 64 new tokens sampled): engine busy time per sample and prefilled tokens with the
+   shared-prompt cache vs without (interleaved waves, medians).
+
+Sections 1-3 run with the shared-prompt cache off (their repetitions reuse prompts, and HF
+generate has no such cache).
 """
 
 from __future__ import annotations
@@ -143,19 +149,50 @@ async def sessions(eng_reuse: EmbeddedEngine, eng_plain: EmbeddedEngine, n_sessi
           table_rows)
 
 
+async def grpo_groups(shared: EmbeddedEngine, plain: EmbeddedEngine, waves: int, prompt_len: int, new: int) -> None:
+    async def wave(eng: EmbeddedEngine, w: int) -> tuple[float, int]:
+        async def attempt(group: int, i: int):
+            ids = prompts(1, prompt_len, seed=1000 * w + group)[0]
+            await asyncio.sleep(0.001 * i)
+            sp = SamplingParams(temperature=1.0, max_new_tokens=new, seed=64 * w + 8 * group + i)
+            return await eng.generate(GenerateRequest(input_ids=ids, sampling=sp))
+
+        before = eng.stats()
+        await asyncio.gather(*[attempt(g, i) for g in range(8) for i in range(8)])
+        after = eng.stats()
+        return 1000 * (after["busy_s"] - before["busy_s"]) / 64, after["prefill_tokens"] - before["prefill_tokens"]
+
+    got: dict[str, list[tuple[float, int]]] = {"shared": [], "none": []}
+    for w in range(waves):
+        got["shared"].append(await wave(shared, w))
+        got["none"].append(await wave(plain, w))
+    med = {k: (statistics.median(v[0] for v in vals), statistics.median(v[1] for v in vals)) for k, vals in got.items()}
+    table(f"4. GRPO groups: {waves} waves of 8 groups x 8 attempts, prompt {prompt_len}, {new} new tokens, T=1 "
+          f"(median per wave)", ["prompt cache", "engine busy ms/sample", "prefilled tokens/wave"],
+          [[k, f"{ms:.3f}", str(tokens)] for k, (ms, tokens) in med.items()]
+          + [["ratio none/shared", f"{med['none'][0] / med['shared'][0]:.2f}x", ""]])
+
+
 async def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, dtype {args.dtype}, "
           f"cpu count {os.cpu_count()}")
-    eng = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, max_batch_size=32)
+    eng = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, max_batch_size=32,
+                                    prompt_cache_tokens=0)
     batches = [1, 8] if args.quick else [1, 8, 32]
     await decode_throughput(eng, args.reps, batches, 32 if args.quick else 128)
     await mixed_lengths(eng, max(1, args.reps // 2), 32 if args.quick else args.mixed_requests, 16,
                         64 if args.quick else 256)
-    plain = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, session_cache_tokens=0)
+    plain = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, session_cache_tokens=0,
+                                      prompt_cache_tokens=0)
     await sessions(eng, plain, 4, 4 if args.quick else 8, 128, 32)
     await eng.aclose()
-    await plain.aclose()
+    shared = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, max_batch_size=64)
+    plain64 = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, max_batch_size=64,
+                                        prompt_cache_tokens=0)
+    await grpo_groups(shared, plain64, 2 if args.quick else 6, 256, 16 if args.quick else 64)
+    for e in (plain, shared, plain64):
+        await e.aclose()
 
 
 if __name__ == "__main__":

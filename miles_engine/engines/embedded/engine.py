@@ -98,6 +98,7 @@ class EmbeddedEngine:
             self._runner, max_batch_size=self.options.max_batch_size,
             max_prefill_tokens=self.options.max_prefill_tokens,
             session_cache_tokens=self.options.session_cache_tokens,
+            prompt_cache_tokens=self.options.prompt_cache_tokens,
             num_threads=self.options.num_threads, tensors=self._tensors)
 
     @classmethod
@@ -141,6 +142,7 @@ class EmbeddedEngine:
         c = dict(s.counters)
         c["mean_batch"] = c["batch_rows"] / c["steps"] if c["steps"] else 0.0
         c.update(s.sessions.stats())
+        c.update(s.prompts.stats())
         c.update(running=len(s.running), waiting=len(s.waiting), paused=s.paused, weight_version=s.version,
                  busy_s=s.busy_s, kv_batch_bytes=self._runner.batch.nbytes())
         return c

@@ -25,6 +25,11 @@ class EmbeddedEngineOptions(BaseModel):
     session_cache_tokens: int = Field(
         1 << 17, ge=0, description="token budget of the per-session prefix-cache LRU (0 disables reuse)"
     )
+    prompt_cache_tokens: int = Field(
+        1 << 15, ge=0, description="token budget of the shared-prompt cache: a request whose whole prompt an "
+        "earlier request prefilled under the same weights (the attempts of a GRPO group) reuses that KV and "
+        "prefills only its last token (0 disables)"
+    )
     max_prefill_tokens: int = Field(
         8192, ge=1, description="padded tokens per batched prefill forward (a longer prompt runs alone)"
     )

@@ -24,7 +24,7 @@ from miles_engine.engines.embedded import weights as W
 from miles_engine.engines.embedded.runner import ModelRunner, PrefillItem
 from miles_engine.engines.embedded.sampler import sample
 from miles_engine.engines.embedded.sequence import Sequence, resolve
-from miles_engine.engines.embedded.sessions import SessionEntry, SessionStore
+from miles_engine.engines.embedded.sessions import SessionEntry, SessionHit, SessionStore
 from miles_engine.engines.errors import EngineUnavailable
 from miles_engine.engines.protocol import FinishReason, PauseMode
 
@@ -33,13 +33,15 @@ log = logging.getLogger(__name__)
 
 class Scheduler:
     def __init__(self, runner: ModelRunner, *, max_batch_size: int, max_prefill_tokens: int,
-                 session_cache_tokens: int, num_threads: int | None, tensors: dict[str, torch.Tensor]) -> None:
+                 session_cache_tokens: int, num_threads: int | None, tensors: dict[str, torch.Tensor],
+                 prompt_cache_tokens: int = 0) -> None:
         self.runner = runner
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         self.num_threads = num_threads
         self.tensors = tensors
         self.sessions = SessionStore(session_cache_tokens)
+        self.prompts = SessionStore(prompt_cache_tokens, name="prompt")
         self.version = 0
         self.paused = False
         self.waiting: deque[Sequence] = deque()
@@ -158,19 +160,41 @@ class Scheduler:
         if chunk:
             self._prefill(chunk)
 
+    def _lookup(self, seq: Sequence) -> SessionHit | None:
+        """First admission: the session's cached prefix, else a shared prompt's KV."""
+        tokens, hit = seq.tokens, None
+        if seq.request.session_id is not None and self.sessions.max_tokens > 0:
+            hit = self.sessions.lookup(seq.request.session_id, tokens, self.version)
+        seq.session_hit = hit is not None
+        if hit is None and self.prompts.max_tokens > 0:
+            hit = self.prompts.lookup(tuple(tokens), tokens, self.version)
+            seq.prompt_hit = hit is not None
+        seq.cached_tokens = hit.length if hit else 0
+        return hit
+
     def _prefill(self, seqs: list[Sequence]) -> None:
-        items = []
+        """One batched forward over the new tokens of ``seqs``. Requests of the batch that
+        repeat another's whole prompt (the attempts of a GRPO group) share its row: its KV is
+        copied to theirs and its last logits sample their first tokens (each with its own
+        generator)."""
+        items: list[PrefillItem] = []
+        which: list[int] = []  # seqs[j] takes the row of items[which[j]]
+        first_row: dict[tuple[int, ...], int] = {}
         for seq in seqs:
-            tokens = seq.tokens
-            hit = None
-            if seq.cached_tokens is None:  # first admission: try the session's cached prefix
-                if seq.request.session_id is not None and self.sessions.max_tokens > 0:
-                    hit = self.sessions.lookup(seq.request.session_id, tokens, self.version)
-                seq.cached_tokens = hit.length if hit else 0
-                seq.session_hit = hit is not None
+            tokens, first_admission = seq.tokens, seq.cached_tokens is None
+            hit = self._lookup(seq) if first_admission else None
+            shareable = first_admission and not seq.session_hit and self.prompts.max_tokens > 0
+            key = tuple(tokens) if shareable else None
+            if key is not None and key in first_row:
+                seq.cached_tokens, seq.prompt_hit = len(tokens), True
+                which.append(first_row[key])
+                continue
+            if key is not None:
+                first_row[key] = len(items)
             start = hit.length if hit else 0
             if hit is not None and hit.routing is not None:
                 seq.add_routing(hit.routing, 0)
+            which.append(len(items))
             items.append(PrefillItem(tokens[start:], start, hit))
         try:
             logits, routing, cache = self.runner.prefill(items)
@@ -181,12 +205,18 @@ class Scheduler:
             return
         self.counters["prefill_forwards"] += 1
         self.counters["prefill_tokens"] += sum(len(it.tokens) for it in items)
-        rows = self.runner.batch.add_rows(cache)
-        for seq, row, item, r in zip(seqs, rows, items, routing):
+        rows = self.runner.batch.add_rows(cache, which)
+        to_store = {i for i in first_row.values() if items[i].start == 0}  # new prompts, for later requests
+        for seq, row, i in zip(seqs, rows, which):
             seq.row = row
             self.running.append(seq)
-            if r is not None:
-                seq.add_routing(r, item.start)
+            if routing[i] is not None:
+                seq.add_routing(routing[i], items[i].start)
+            if i in to_store:
+                self.prompts.put(tuple(seq.tokens), self._entry(seq))
+                to_store.discard(i)
+        if len(which) != len(items):
+            logits = logits.index_select(0, torch.tensor(which, device=logits.device))
         self._emit(seqs, logits)
 
     def _decode(self) -> None:
@@ -222,11 +252,7 @@ class Scheduler:
             return
         sid = seq.request.session_id
         if save and sid is not None and not seq.kv_stale and self.sessions.max_tokens > 0:
-            keys, values, _ = self.runner.batch.row_tokens(seq.row)
-            n = keys[0].shape[1] if keys else 0
-            rows = seq.routing_rows()
-            routing = rows[:n].clone() if rows is not None and rows.shape[0] >= n else None
-            self.sessions.put(sid, SessionEntry(seq.tokens, keys, values, routing, self.version))
+            self.sessions.put(sid, self._entry(seq))
         r = seq.row
         moved = self.runner.batch.remove_row(r)
         last = self.running.pop()
@@ -234,6 +260,14 @@ class Scheduler:
             last.row = r
             self.running[r] = last
         seq.row = None
+
+    def _entry(self, seq: Sequence) -> SessionEntry:
+        """The KV (and routed experts) of every token of ``seq`` that went through the model."""
+        keys, values, _ = self.runner.batch.row_tokens(seq.row)
+        n = keys[0].shape[1] if keys else 0
+        rows = seq.routing_rows()
+        routing = rows[:n].clone() if rows is not None and rows.shape[0] >= n else None
+        return SessionEntry(seq.tokens, keys, values, routing, self.version)
 
     def _finish(self, seq: Sequence, reason: FinishReason, *, save: bool = True, **info: Any) -> None:
         if seq.finished:
@@ -293,6 +327,7 @@ class Scheduler:
         W.apply(tensors, self.tensors)
         self.version = self.version + 1 if version is None else int(version)
         self.sessions.clear()
+        self.prompts.clear()
         for seq in self.running:
             seq.kv_stale = True
         self.counters["weight_updates"] += 1

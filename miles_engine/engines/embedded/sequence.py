@@ -33,6 +33,7 @@ class Sequence:
     kv_stale: bool = False  # KV partly from older weights (in_place update): never cached
     cached_tokens: int | None = None  # prefix reused at first admission
     session_hit: bool = False
+    prompt_hit: bool = False  # the shared-prompt cache served the prefix
     retracted: int = 0
     t_submit: float = field(default_factory=time.perf_counter)
     t_first: float | None = None
@@ -86,6 +87,7 @@ class Sequence:
             routed_experts=routed,
             info={
                 "session_hit": self.session_hit,
+                "prompt_hit": self.prompt_hit,
                 "retractions": self.retracted,
                 "latency_s": now - self.t_submit,
                 "ttft_s": (self.t_first - self.t_submit) if self.t_first is not None else None,

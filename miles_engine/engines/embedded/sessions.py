@@ -9,11 +9,16 @@ a KV row exactly the KV of that prefix, so a partial match is still exact; no ma
 plain full prefill. Entries computed under an older weight version are never reused (the
 store is cleared on every weight update). Bounded by a token budget, least recently used
 first out.
+
+The same store, keyed by a whole prompt, is the shared-prompt cache: the attempts of a GRPO
+group send one prompt, so the first one's prefill serves the others (they prefill only their
+last token). Only whole-prompt matches are shared (no radix tree over partial prefixes).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 import torch
@@ -52,16 +57,19 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 
 
 class SessionStore:
-    def __init__(self, max_tokens: int) -> None:
+    """Entries by key: a session id, or (``name="prompt"``) a whole prompt's token tuple."""
+
+    def __init__(self, max_tokens: int, *, name: str = "session") -> None:
         self.max_tokens = max_tokens
-        self._entries: OrderedDict[str, SessionEntry] = OrderedDict()
+        self.name = name
+        self._entries: OrderedDict[Hashable, SessionEntry] = OrderedDict()
         self.tokens = 0
         self.lookups = self.hits = self.cached_tokens = self.prompt_tokens = self.evictions = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def lookup(self, session_id: str, input_ids: list[int], version: int) -> SessionHit | None:
+    def lookup(self, session_id: Hashable, input_ids: list[int], version: int) -> SessionHit | None:
         self.lookups += 1
         self.prompt_tokens += len(input_ids)
         entry = self._entries.get(session_id)
@@ -76,7 +84,7 @@ class SessionStore:
         routing = entry.routing[:n] if entry.routing is not None else None
         return SessionHit(n, [k[:, :n] for k in entry.keys], [v[:, :n] for v in entry.values], routing)
 
-    def put(self, session_id: str, entry: SessionEntry) -> None:
+    def put(self, session_id: Hashable, entry: SessionEntry) -> None:
         if self.max_tokens <= 0 or entry.kv_len > self.max_tokens:
             self.drop(session_id)
             return
@@ -88,7 +96,7 @@ class SessionStore:
             self.tokens -= old.kv_len
             self.evictions += 1
 
-    def drop(self, session_id: str) -> None:
+    def drop(self, session_id: Hashable) -> None:
         old = self._entries.pop(session_id, None)
         if old is not None:
             self.tokens -= old.kv_len
@@ -101,13 +109,14 @@ class SessionStore:
         return sum(e.nbytes() for e in self._entries.values())
 
     def stats(self) -> dict[str, float | int]:
+        n = self.name
         return {
-            "session_lookups": self.lookups,
-            "session_hits": self.hits,
-            "session_hit_rate": self.hits / self.lookups if self.lookups else 0.0,
-            "session_cached_tokens": self.cached_tokens,
-            "session_token_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
-            "session_cache_entries": len(self._entries),
-            "session_cache_tokens": self.tokens,
-            "session_cache_evictions": self.evictions,
+            f"{n}_lookups": self.lookups,
+            f"{n}_hits": self.hits,
+            f"{n}_hit_rate": self.hits / self.lookups if self.lookups else 0.0,
+            f"{n}_cached_tokens": self.cached_tokens,
+            f"{n}_token_hit_rate": self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0,
+            f"{n}_cache_entries": len(self._entries),
+            f"{n}_cache_tokens": self.tokens,
+            f"{n}_cache_evictions": self.evictions,
         }

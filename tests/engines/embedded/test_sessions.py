@@ -9,7 +9,7 @@ from .helpers import engine, greedy, prompt, req, run
 
 def test_eight_turn_session_reuses_prefix_with_identical_outputs() -> None:
     async def main() -> None:
-        eng = engine(max_context=1024)
+        eng = engine(max_context=1024, prompt_cache_tokens=0)  # base: a real full prefill
         row = prompt(20, 0)
         turns = []
         for turn in range(8):
@@ -37,7 +37,7 @@ def test_eight_turn_session_reuses_prefix_with_identical_outputs() -> None:
 
 def test_mismatch_falls_back_and_partial_prefix_is_exact() -> None:
     async def main() -> None:
-        eng = engine()
+        eng = engine(prompt_cache_tokens=0)
         row = prompt(30, 1)
         first = await eng.generate(req(row, greedy(8), session_id="s"))
         # diverges at token 10: reuse exactly the common 10 tokens
@@ -93,7 +93,7 @@ def test_cached_and_fresh_prompts_share_one_prefill_batch() -> None:
     one left-padded prefill: rows with holes must give the same tokens as running alone."""
 
     async def main() -> None:
-        eng = engine()
+        eng = engine(prompt_cache_tokens=0)
         row = prompt(40, 7)
         first = await eng.generate(req(row, greedy(5), session_id="h"))
         nxt = row + first.output_ids + prompt(3, 8)
