@@ -2,8 +2,10 @@
 
 A server started with :func:`~miles_engine.tito.serve.start_session_server` registers its ASGI
 app under its URL. A client in the same process and event loop can then hand each request
-to that app directly: the same routes, validation, middleware and status codes as over
-HTTP, without the socket, the HTTP parser on either side or an HTTP client. The server keeps
+to that app directly: the same routes, validation and status codes as over HTTP, without the
+socket, the HTTP parser on either side or an HTTP client. The routes every episode hits go
+straight to their endpoint when the app offers that (``app.state.direct``; its error handler
+still maps every failure), the rest through the whole app. The server keeps
 listening for everyone else (external harnesses, ``curl``); a URL this process does not serve
 goes over HTTP as before.
 """
@@ -44,6 +46,16 @@ def app_for(url: str) -> App | None:
     except RuntimeError:
         return None
     return app if running is loop else None
+
+
+async def _direct(app: App, scope: dict[str, Any], receive: Any) -> Any:
+    """The app's own fast dispatch of its hot routes (``app.state.direct``, see
+    :func:`miles_engine.tito.server.create_app`), when no user middleware would be skipped."""
+    state = getattr(app, "state", None)
+    direct = getattr(state, "direct", None) if state is not None else None
+    if direct is None or getattr(app, "user_middleware", None):
+        return None
+    return await direct(scope, receive)
 
 
 class LocalResponseError(RuntimeError):
@@ -91,7 +103,11 @@ async def request(app: App, method: str, url: str, body: bytes | None,
                 finished.set()
 
     try:
-        await app(scope, receive, send)
+        response = await _direct(app, scope, receive)
+        if response is not None:
+            await response(scope, receive, send)
+        else:
+            await app(scope, receive, send)
     except Exception as exc:
         if status is None or not finished.is_set():  # over HTTP the server would have dropped the connection
             raise LocalResponseError(f"{method} {url}: the in-process session server failed: "

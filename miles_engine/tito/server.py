@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,14 +44,9 @@ def create_app(manager: SessionManager) -> FastAPI:
     app.state.manager = manager
 
     @app.exception_handler(TitoError)
-    async def _tito_error(_: Request, exc: TitoError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
-
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        log.exception("session server error")
-        err = TitoError(f"internal error: {type(exc).__name__}: {exc}")
-        return JSONResponse(err.body(), status_code=500)
+    async def _error(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc)
 
     async def read_json(request: Request, *, allow_empty: bool = False) -> Any:
         raw = await request.body()
@@ -125,7 +121,36 @@ def create_app(manager: SessionManager) -> FastAPI:
 
     app.add_route("/sessions/{session_id}/v1/chat/completions", chat, methods=["POST"], include_in_schema=False)
 
+    hot = [("POST", re.compile(r"/sessions"), create_session),
+           ("DELETE", re.compile(r"/sessions/(?P<session_id>[^/]+)"), delete_session),
+           ("POST", re.compile(r"/sessions/(?P<session_id>[^/]+)/v1/chat/completions"), chat)]
+
+    async def direct(scope: dict[str, Any], receive: Any) -> Response | None:
+        """The routes every episode hits, for an in-process caller (:mod:`miles_engine.tito.local`):
+        the endpoint itself, errors mapped by the app's own handler, without the middleware
+        stack and the route scan (~15 % of the recipe driver's time). None: not one of them."""
+        method, path = scope["method"], scope["path"]
+        for verb, pattern, endpoint in hot:
+            match = pattern.fullmatch(path) if verb == method else None
+            if match is not None:
+                scope["path_params"] = match.groupdict()
+                try:
+                    return await endpoint(Request(scope, receive))
+                except Exception as exc:
+                    return error_response(exc)
+        return None
+
+    app.state.direct = direct
     return app
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    """The JSON error of a failed request: a :class:`TitoError`'s status and body, else a 500."""
+    if isinstance(exc, TitoError):
+        return JSONResponse(exc.body(), status_code=exc.status)
+    log.error("session server error", exc_info=exc)
+    err = TitoError(f"internal error: {type(exc).__name__}: {exc}")
+    return JSONResponse(err.body(), status_code=500)
 
 
 _TRUE = frozenset({"1", "true", "t", "yes", "y", "on"})

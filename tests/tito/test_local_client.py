@@ -4,6 +4,7 @@ same results, statuses and bodies as over HTTP, no socket; anything else goes ov
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 
 import pytest
@@ -139,5 +140,60 @@ def test_an_app_that_fails_before_answering_is_an_error_not_a_hang():
         for app, match in ((broken, "RuntimeError: boom"), (half, "RuntimeError: cut")):
             with pytest.raises(local.LocalResponseError, match=match):
                 await asyncio.wait_for(local.request(app, "POST", "http://x:1/a?b=1", b"{}", {}), 5)
+
+    asyncio.run(main())
+
+
+def test_hot_routes_skip_the_middleware_stack_with_the_same_answers(codecs, monkeypatch):
+    """Open, chat and collect-and-close go straight to their endpoints in-process; everything
+    else (and every route once the app has user middleware) runs through the whole app."""
+    pytest.importorskip("aiohttp")
+    codec = codecs["qwen3"]
+
+    async def main():
+        scripts = Scripts()
+        scripts.default.extend([sampled_text("qwen3", content="hi")] * 4)
+        server = await start_session_server(ScriptedEngine(codec.tokenizer, scripts), codec)
+        app = local.app_for(server.url)
+        try:
+            c = SessionClient(server.url, transport="local", use_openai=False)
+            assert (await c._request("GET", f"{server.url}/health"))[0] == 200  # builds the stack
+            through_stack: list[str] = []
+            stack = app.middleware_stack
+
+            async def counting(scope, receive, send):
+                through_stack.append(f"{scope['method']} {scope['path']}")
+                await stack(scope, receive, send)
+
+            app.middleware_stack = counting
+            status, raw = await c._request("POST", f"{server.url}/sessions", {})
+            sid = json.loads(raw)["session_id"]
+            chat = f"{server.url}/sessions/{sid}/v1/chat/completions"
+            assert (await c._request("POST", chat, {"messages": [{"role": "user", "content": "x"}]}))[0] == 200
+            assert (await c._request("DELETE", f"{server.url}/sessions/{sid}?trajectories=true"))[0] == 200
+            assert through_stack == []
+            assert (await c._request("GET", f"{server.url}/sessions/{sid}"))[0] == 404
+            assert (await c._request("PUT", f"{server.url}/sessions"))[0] == 405
+            assert through_stack == [f"GET /sessions/{sid}", "PUT /sessions"]
+
+            # an unexpected failure is the same 500 either way
+            def broken(body=None):
+                raise RuntimeError("disk on fire")
+
+            monkeypatch.setattr(app.state.manager, "create", broken)
+            answers = {kind: await SessionClient(server.url, transport=kind, use_openai=False)._request(
+                "POST", f"{server.url}/sessions", {}) for kind in ("local", "aiohttp")}
+            assert answers["local"][0] == 500 and b"disk on fire" in answers["local"][1]
+            assert answers["local"] == answers["aiohttp"]
+            monkeypatch.undo()
+
+            app.user_middleware.append(object())  # a user middleware must not be skipped
+            through_stack.clear()
+            await c._request("POST", f"{server.url}/sessions", {})
+            assert through_stack == ["POST /sessions"]
+            app.user_middleware.pop()
+        finally:
+            await close_pools()
+            await server.stop()
 
     asyncio.run(main())
