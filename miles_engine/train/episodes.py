@@ -64,6 +64,8 @@ def to_trajectory(task: Any, result: EpisodeResult) -> Trajectory:
                  "episode_s": sum(result.timings.values()), "generation_s": result.timings.get("agent_s", 0.0),
                  "reward_s": result.timings.get("verify_s", 0.0)},
     )
+    turns = row.get("turns") or []
+    traj.metrics["truncated"] = float(any(t.get("finish_reason") == "length" for t in turns))
     mismatch = row.get("tito_session_mismatch") or {}
     if isinstance(mismatch, dict) and "bug" in mismatch:
         traj.metrics["tito_mismatch_bug"] = float(bool(mismatch["bug"]))

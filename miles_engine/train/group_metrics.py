@@ -23,7 +23,8 @@ def group_metrics(groups: Sequence[Group]) -> dict[str, float]:
     out.update({f"reward/{kind}": statistics.fmean(v) for kind, v in sorted(by_kind.items())})
     for key, name in (("tool_use", "rollout/tool_use_rate"), ("turns", "rollout/turns"),
                       ("generation_s", "time/generation"), ("reward_s", "time/reward"),
-                      ("episode_s", "rollout/episode_s"), ("tito_mismatch_bug", "tito/mismatch_bug_rate")):
+                      ("episode_s", "rollout/episode_s"), ("tito_mismatch_bug", "tito/mismatch_bug_rate"),
+                      ("truncated", "rollout/truncated_rate")):
         values = [t.metrics[key] for t in trajs if key in t.metrics]
         if values:
             out[name] = statistics.fmean(values)

@@ -25,6 +25,7 @@ class StepBatch:
     teacher_logp: Tensor | None = None  # [B, T]
     rewards: Tensor | None = None  # [B]
     group_index: Tensor | None = None  # [B] long (global group number within the step)
+    truncated: Tensor | None = None  # [B] 1.0 where the trajectory's last generation hit max_tokens
     minibatch: list[int] = field(default_factory=list)  # minibatch of each row
     # filled by the trainer: per-token tensors [B, T]
     extra: dict[str, Tensor] = field(default_factory=dict)
@@ -101,6 +102,7 @@ def from_groups(minibatches: Sequence[Sequence[Group]], *, teacher: bool = False
     if teacher:
         batch.teacher_logp = _pad([t.teacher_logprobs or [] for t in trajs], width, torch.float32) * batch.loss_mask
     batch.rewards = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32)
+    batch.truncated = torch.tensor([float(t.metrics.get("truncated", 0.0)) for t in trajs], dtype=torch.float32)
     batch.group_index = torch.tensor(gidx, dtype=torch.long)
     batch.minibatch = mbs
     if routing is not None:

@@ -171,6 +171,10 @@ class TrainerConfig(_Section):
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     clip: ClipConfig = Field(default_factory=ClipConfig)
     loss_aggregation: Aggregation = "token_mean"
+    mask_truncated: bool = Field(
+        False, description="overlong filtering (DAPO; TRL's mask_truncated_completions): a trajectory with a "
+        "generation that stopped at max_tokens gets no loss (its reward still counts in its group's baseline), so "
+        "rewarded runaway completions do not teach the policy to stop stopping")
     mismatch: MismatchConfig = Field(default_factory=MismatchConfig)
     kl: KLConfig = Field(default_factory=KLConfig)
     entropy_coef: float = 0.0

@@ -105,10 +105,13 @@ def prepare(tr: TorchTrainer, batch: StepBatch) -> dict[str, float]:
     if alg.normalize_advantages and est != "reinforce_pp":
         advantages = adv_fn.whiten(advantages, mask, tr.comm.all_sum(adv_fn.masked_moments(advantages, mask)))
     batch.extra["advantages"] = advantages
+    truncated = batch.truncated if batch.truncated is not None else torch.zeros(batch.rows)
+    if cfg.mask_truncated:  # overlong filtering: no loss on them; their rewards stayed in the group baseline
+        batch.loss_mask = mask = mask * (1.0 - truncated)[:, None]
 
     sums = {"reward_sum": batch.rewards.double().sum(), "rows": torch.tensor(float(batch.rows), dtype=torch.float64),
             "adv_sum": (advantages * mask).double().sum(), "adv_abs_sum": (advantages.abs() * mask).double().sum(),
-            "tokens": mask.double().sum()}
+            "tokens": mask.double().sum(), "truncated": truncated.double().sum()}
     if kl_reward is not None:
         sums["kl_reward_sum"] = kl_reward.double().sum()
     if "routed" in batch.extra:  # positions replayed (one before each sampled token with a recorded route)
@@ -123,7 +126,8 @@ def prepare(tr: TorchTrainer, batch: StepBatch) -> dict[str, float]:
     red = tr.reduce_metrics(sums)
     n_tok, n_rows = max(red["tokens"], 1.0), max(red["rows"], 1.0)
     metrics.update(reward_mean=red["reward_sum"] / n_rows, advantage_mean=red["adv_sum"] / n_tok,
-                   advantage_abs_mean=red["adv_abs_sum"] / n_tok, tokens=red["tokens"], sequences=red["rows"])
+                   advantage_abs_mean=red["adv_abs_sum"] / n_tok, tokens=red["tokens"], sequences=red["rows"],
+                   truncated_fraction=red["truncated"] / n_rows)
     if "kl_reward_sum" in red:
         metrics["kl_reward"] = red["kl_reward_sum"] / n_tok
     if "replayed" in red:

@@ -185,3 +185,18 @@ def test_buffer_applies_reward_on_error(on_error, policy, expected):
     if on_error == "drop":
         assert buf.dropped["reward_error"] == 2 and buf.metrics()["buffer/dropped/reward_error"] == 2.0
     assert buf.failed_trajectories["reward_error"] == 2
+
+
+def test_trajectory_records_whether_a_generation_hit_max_tokens():
+    from miles_engine.train.group_metrics import group_metrics
+
+    row = {"token_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "rollout_logprobs": [0.0, -1.0, -1.0],
+           "weight_versions": [None, 0, 0]}
+    trajs = []
+    for reasons in (["stop"], ["length", "stop"], []):
+        result = run(run_episode(FileTask(), OracleAgent(), MemoryBackend()))
+        result.info["tito"] = {"trajectories": [{**row, "turns": [{"finish_reason": r} for r in reasons]}]}
+        trajs.append(to_trajectory(FileTask(), result))
+    assert [t.metrics["truncated"] for t in trajs] == [0.0, 1.0, 0.0]
+    metrics = group_metrics([group(trajs, gid="g")])
+    assert metrics["rollout/truncated_rate"] == pytest.approx(1 / 3)

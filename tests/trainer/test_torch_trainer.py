@@ -258,3 +258,29 @@ def test_named_tensors_use_hf_names_and_cast() -> None:
     names = dict(tr.named_tensors())
     assert names.keys() == tr.policy.state_dict().keys() and "lm_head.weight" in names
     assert all(t.dtype == torch.bfloat16 for _, t in tr.named_tensors("bfloat16"))
+
+
+def test_mask_truncated_drops_their_loss_but_keeps_their_rewards_in_the_baseline() -> None:
+    """Overlong filtering: the gradient equals that of the same step with the truncated rows'
+    loss masks zeroed by hand (advantages from all rewards either way); off, they train."""
+    import copy
+
+    def marked() -> list[Group]:
+        groups = random_groups(3, 4, seed=5)
+        for g in groups:
+            g.trajectories[1].metrics["truncated"] = 1.0
+        return groups
+
+    masked = _grads_of_one_step({"mask_truncated": True}, 10_000, marked())
+    by_hand = copy.deepcopy(marked())
+    for g in by_hand:
+        t = g.trajectories[1]
+        t.loss_mask = [0] * len(t.loss_mask)
+        t.rollout_logprobs = [0.0] * len(t.loss_mask)
+        t.weight_versions = [None] * len(t.loss_mask)
+    reference = _grads_of_one_step({}, 10_000, by_hand)
+    assert max((masked[k] - reference[k]).abs().max().item() for k in masked) < 1e-6
+    kept = _grads_of_one_step({}, 10_000, marked())
+    assert max((masked[k] - kept[k]).abs().max().item() for k in masked) > 1e-4
+    metrics = TorchTrainer(TINY, {"mask_truncated": True}).train_step(marked())
+    assert metrics["truncated_fraction"] == pytest.approx(3 / 12)
