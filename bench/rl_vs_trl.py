@@ -87,7 +87,7 @@ def summarize_ours(res: dict[str, Any]) -> dict[str, Any]:
     times = [r["time"] for r in rows]
     walls = [t - p for t, p in zip(times, [0.0, *times[:-1]])]
     out = _common([r.get("rollout/num_samples", 0.0) for r in rows], times,
-                  [r.get("reward/mean", 0.0) for r in rows])
+                  [r.get("reward/mean", 0.0) for r in rows], [r.get("rollout/sampled_tokens", 0.0) for r in rows])
     out.update(system="ours", rc=res["rc"], wall_s=res["wall_s"], cpu_s=res["cpu_s"],
                failed=res.get("failed_trajectories"), mismatch=res.get("tito_mismatch_warnings"),
                step_s=med(walls[2:] or walls),
@@ -105,7 +105,8 @@ def summarize_ours(res: dict[str, Any]) -> dict[str, Any]:
 def summarize_trl(res: dict[str, Any], data: dict[str, Any] | None) -> dict[str, Any]:
     steps = (data or {}).get("steps", [])
     times = [s["time"] for s in steps]
-    out = _common([float(GROUP * PROMPTS)] * len(steps), times, [s.get("reward_mean", 0.0) for s in steps])
+    out = _common([float(GROUP * PROMPTS)] * len(steps), times, [s.get("reward_mean", 0.0) for s in steps],
+                  [s.get("completion_len", 0.0) for s in steps])
     tail = steps[2:] or steps
     out.update(system="TRL", rc=res["rc"], wall_s=res["wall_s"], cpu_s=res["cpu_s"], failed=None, mismatch=None,
                step_s=med([s["wall"] for s in tail]), generation=med([s["generation"] for s in tail]),
@@ -115,12 +116,19 @@ def summarize_trl(res: dict[str, Any], data: dict[str, Any] | None) -> dict[str,
     return out
 
 
-def _common(samples: list[float], times: list[float], rewards: list[float]) -> dict[str, Any]:
+def _common(samples: list[float], times: list[float], rewards: list[float], lengths: list[float]) -> dict[str, Any]:
+    """``lengths``: mean sampled tokens per sample of each step (a policy that stops stopping
+    makes fewer, longer samples per second: tokens/s tells throughput from length drift)."""
     n = len(times)
     steady = sum(samples[2:]) / (times[-1] - times[1]) if n >= 4 and times[-1] > times[1] else None
+    tokens_s = (sum(a * b for a, b in zip(samples[2:], lengths[2:])) / (times[-1] - times[1])
+                if n >= 4 and times[-1] > times[1] else None)
     overall = sum(samples) / times[-1] if n and times[-1] > 0 else None
     th = thresholds(rewards, times) if n >= 3 else {}
+    tail = lengths[-10:]
     return {"steps": n, "samples_per_s": steady, "samples_per_s_all": overall, "rl_s": times[-1] if n else None,
+            "tokens_per_s": tokens_s, "tokens_first": sum(lengths[:10]) / len(lengths[:10]) if n else None,
+            "tokens_last": sum(tail) / len(tail) if n else None,
             **{k: th.get(k) for k in ("start", "end_ma", "max_ma", "rise_step", "rise_s", "level_step", "level_s")}}
 
 
@@ -151,12 +159,14 @@ def report(runs: list[dict[str, Any]], ckpt_info: dict[str, Any], args: argparse
              f"(loss {ckpt_info['loss_first']:.2f} -> {ckpt_info['loss_last']:.2f}); model {ckpt_info['params']:,} "
              f"params, vocab {ckpt_info['vocab']}; RL steps per run: {args.steps}; seeds {args.seeds}"
              + (f"; our side also with {' '.join(OURS_EXTRA)}" if OURS_EXTRA else ""), ""]
-    head = ["run", "seed", "steps", "samples/s", "samples/s (all)", "s/step", "gen", "reward", "train", "push",
+    head = ["run", "seed", "steps", "samples/s", "samples/s (all)", "sampled tok/s", "tok/sample first->last 10",
+            "s/step", "gen", "reward", "train", "push",
             "wait", "tool use", "start", "+0.3 at step (s)", "0.8 at step (s)", "last MA3", "wall s", "cpu s",
             "failed traj", "TITO mismatch warnings"]
     body = []
     for r in runs:
-        body.append([r["system"], r["seed"], r["steps"], r["samples_per_s"], r["samples_per_s_all"], r["step_s"],
+        body.append([r["system"], r["seed"], r["steps"], r["samples_per_s"], r["samples_per_s_all"],
+                     r["tokens_per_s"], f"{r['tokens_first'] or 0:.1f} -> {r['tokens_last'] or 0:.1f}", r["step_s"],
                      r["generation"], r["reward"], r["train"], r["push"], r["wait"], r["tool_use"], r["start"],
                      _at(r["rise_step"], r["rise_s"]), _at(r["level_step"], r["level_s"]), r["end_ma"], r["wall_s"],
                      r["cpu_s"], r["failed"], r["mismatch"]])
@@ -166,7 +176,10 @@ def report(runs: list[dict[str, Any]], ckpt_info: dict[str, Any], args: argparse
                  "the reward function. train: ours = trainer step (s); TRL = the rest of the step (log-probs, "
                  "loss, backward, optimizer). wait: seconds the trainer waited for a full batch. Medians over "
                  "steps 3..N. samples/s = samples of steps 3..N / their wall time; (all) = all steps / seconds "
-                 "since the RL loop started. wall/cpu s: the whole process tree, start-up included.")
+                 "since the RL loop started. sampled tok/s: sampled tokens of steps 3..N / their wall time; "
+                 "tok/sample: mean sampled tokens per sample over the first and the last 10 steps (a run whose "
+                 "policy stops emitting its end token after the tool call drifts towards the 40-token cap, "
+                 "on either side). wall/cpu s: the whole process tree, start-up included.")
     lines.append("")
     ours = [r for r in runs if r["system"] == "ours"]
     trl = [r for r in runs if r["system"] == "TRL"]
@@ -174,6 +187,8 @@ def report(runs: list[dict[str, Any]], ckpt_info: dict[str, Any], args: argparse
     rows2 = []
     for key, label, higher in (("samples_per_s", "samples/s (steady)", True),
                                ("samples_per_s_all", "samples/s (all steps)", True),
+                               ("tokens_per_s", "sampled tokens/s (steady)", True),
+                               ("tokens_last", "tokens/sample, last 10 steps", False),
                                ("step_s", "s/step", False), ("start", "start reward (MA3)", True),
                                ("rise_step", "steps to +0.3", False), ("rise_s", "seconds to +0.3", False),
                                ("level_step", "steps to 0.8", False), ("level_s", "seconds to 0.8", False),
