@@ -51,8 +51,7 @@ def app_for(url: str) -> App | None:
 async def _direct(app: App, scope: dict[str, Any], receive: Any) -> Any:
     """The app's own fast dispatch of its hot routes (``app.state.direct``, see
     :func:`miles_engine.tito.server.create_app`), when no user middleware would be skipped."""
-    state = getattr(app, "state", None)
-    direct = getattr(state, "direct", None) if state is not None else None
+    direct = getattr(getattr(app, "state", None), "direct", None)
     if direct is None or getattr(app, "user_middleware", None):
         return None
     return await direct(scope, receive)

@@ -93,13 +93,13 @@ class SessionManager:
         if len(self.sessions) >= self.config.max_sessions:
             raise TooManySessions(f"the server holds {self.config.max_sessions} sessions; delete finished ones")
         sid = secrets.token_urlsafe(24)  # 192 random bits
-        session = Session(sid, self.codec, matcher, mode=mode, max_nodes=self.config.max_nodes,
-                          drop_retries=bool(body.get("drop_retries", self.config.drop_retries)),
-                          metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else None)
         every = self.config.diagnose_every
         if diagnose is None:
             diagnose = bool(every) and self.counters["sessions_created"] % every == 0
-        session.diagnose = diagnose
+        session = Session(sid, self.codec, matcher, mode=mode, max_nodes=self.config.max_nodes,
+                          drop_retries=bool(body.get("drop_retries", self.config.drop_retries)),
+                          metadata=body.get("metadata") if isinstance(body.get("metadata"), dict) else None,
+                          diagnose=diagnose)
         self.sessions[sid] = session
         self.counters["sessions_created"] += 1
         return session

@@ -99,7 +99,8 @@ def full_row(node: Node, leaf: Node | None = None) -> list[int]:
 
 class Session:
     def __init__(self, session_id: str, codec: ChatCodec, matcher: Matcher, *, mode: Mode = "linear",
-                 max_nodes: int = 1024, drop_retries: bool = True, metadata: dict[str, Any] | None = None) -> None:
+                 max_nodes: int = 1024, drop_retries: bool = True, metadata: dict[str, Any] | None = None,
+                 diagnose: bool = True) -> None:
         self.id = session_id
         self.codec = codec
         self.matcher = matcher
@@ -116,7 +117,7 @@ class Session:
         self.created = self.last_used = time.time()
         self._seq = itertools.count(1)
         self.diagnostics: dict[int, dict[str, Any]] = {}
-        self.diagnose = True  # whether reports carry tito_session_mismatch (SessionServerConfig.diagnose_every)
+        self.diagnose = diagnose  # whether reports carry tito_session_mismatch (SessionServerConfig.diagnose_every)
         self.parse_cache: list[tuple[Any, Message]] = []
 
     # ---- matching ------------------------------------------------------------------------------
