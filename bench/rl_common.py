@@ -43,46 +43,46 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 def build_checkpoint(out: Path, overrides: Sequence[str]) -> dict[str, Any]:
     """SFT once with the recipe ``tiny-terminal`` + ``overrides``; save model + tokenizer under ``out``.
 
-    Uses the stack's own builders (``TrainingStack._build_codec`` / ``_build_model``) and
-    ``run_sft`` on an in-process ``TorchTrainer`` (no engine, server or sandbox needed)."""
+    Uses the composition root's own builders (``build_codec`` / ``build_policy``) and ``run_sft``
+    on an in-process ``TorchTrainer`` (no engine, server or sandbox needed)."""
     import asyncio
 
     import torch
 
     from miles_engine.config.recipe import load_recipe
     from miles_engine.metrics import MetricsConfig, MetricsLogger
-    from miles_engine.train.sft import run_sft
-    from miles_engine.train.stack import TrainingStack
+    from miles_engine.hub import default_hub
+    from miles_engine.train.model_build import build_codec, build_policy
+    from miles_engine.train.sft import SFTInputs, run_sft
+    from miles_engine.train.trainer_access import TrainerAccess
     from miles_engine.trainer.torch_trainer import TorchTrainer
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     cfg = load_recipe("tiny-terminal", list(overrides))
-    stack = TrainingStack(cfg, out / "sft-run")
-    stack.source = stack.hub.create("environment", cfg.environment.name, cfg.environment.options,
-                                    where="environment.options")
-    stack.codec = stack._build_codec()
-    stack.model = stack._build_model()
-    trainer = TorchTrainer(stack.model, cfg.trainer)
+    hub = default_hub()
+    source = hub.create("environment", cfg.environment.name, cfg.environment.options, where="environment.options")
+    codec = build_codec(cfg, hub, source)
+    trainer = TorchTrainer(build_policy(cfg, codec), cfg.trainer)
     t_built = time.perf_counter()
     (out / "sft-run").mkdir(parents=True, exist_ok=True)
     metrics = MetricsLogger(out / "sft-run", MetricsConfig(progress=False, tensorboard=False), total_steps=1)
-    stack.trainer, stack.metrics = trainer, metrics  # the stack's own object, only the pieces SFT uses
-    asyncio.run(run_sft(stack))
+    asyncio.run(run_sft(SFTInputs(cfg=cfg, trainer=TrainerAccess(trainer), codec=codec, source=source,
+                                  metrics=metrics)))
     metrics.close()
     t_sft = time.perf_counter()
     ckpt = out / "checkpoint"
     trainer.policy.save_pretrained(ckpt, safe_serialization=True)
-    tok_src = Path(stack.codec.tokenizer.name)
+    tok_src = Path(codec.tokenizer.name)
     if not tok_src.is_file():
-        stack.codec.tokenizer.backend.save(str(ckpt / "tokenizer.json"))
+        codec.tokenizer.backend.save(str(ckpt / "tokenizer.json"))
     else:
         shutil.copyfile(tok_src, ckpt / "tokenizer.json")
     rows = [json.loads(line) for line in (out / "sft-run" / "metrics.jsonl").read_text().splitlines()]
     sft = [r for r in rows if r["kind"] == "sft"]
     info = {"dir": str(ckpt), "tokenizer": str(ckpt / "tokenizer.json"), "build_s": t_built - t0,
             "sft_s": t_sft - t_built, "sft_steps": len(sft), "params": sum(p.numel() for p in trainer.policy.parameters()),
-            "vocab": stack.codec.tokenizer.vocab_size,
+            "vocab": codec.tokenizer.vocab_size,
             "loss_first": sft[0].get("sft/loss") if sft else None, "loss_last": sft[-1].get("sft/loss") if sft else None}
     trainer.close()
     (out / "checkpoint.json").write_text(json.dumps(info, indent=1))

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 ComponentKind = Literal[
-    "environment", "sandbox", "reward", "teacher", "agent", "chat_family", "recipe"
+    "environment", "sandbox", "reward", "teacher", "agent", "chat_family", "engine", "recipe"
 ]
 COMPONENT_KINDS: tuple[ComponentKind, ...] = (
     "environment",
@@ -24,6 +24,7 @@ COMPONENT_KINDS: tuple[ComponentKind, ...] = (
     "teacher",
     "agent",
     "chat_family",
+    "engine",
     "recipe",
 )
 

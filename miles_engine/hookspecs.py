@@ -83,6 +83,22 @@ def miles_register_chat_families() -> list[Component]:
 
 
 @hookspec
+def miles_register_engines() -> list[Component]:
+    """Register rollout-engine kinds, named by ``engines[].kind`` in a recipe.
+
+    Each factory is called with the kind's validated options and returns an object following
+    :class:`miles_engine.engines.fleet.kinds.EngineKind`: ``in_process`` and ``transports``
+    (which weight transports reach its engines, checked against ``weights.transport`` at load)
+    and ``async start(group, name, ctx, stack)`` returning the group's
+    :class:`~miles_engine.engines.protocol.RolloutEngine` objects (teardown registered on ``stack``).
+    The built-ins are ``embedded``, ``server``, ``sglang`` and ``external``; a vLLM adapter, say,
+    registers the same way.
+
+    :return: a list of :class:`~miles_engine.components.Component`.
+    """
+
+
+@hookspec
 def miles_register_recipes() -> list[RecipeFile]:
     """Register packaged recipe YAML files shown by ``miles recipes ls``.
 

@@ -41,6 +41,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "miles_engine.tito.plugin",
     "miles_engine.recipes_plugin",
     "miles_engine.teachers.plugin",
+    "miles_engine.engines.fleet.plugin",
 )
 
 HOOK_FOR_KIND: dict[ComponentKind, str] = {
@@ -50,6 +51,7 @@ HOOK_FOR_KIND: dict[ComponentKind, str] = {
     "teacher": "miles_register_teachers",
     "agent": "miles_register_agents",
     "chat_family": "miles_register_chat_families",
+    "engine": "miles_register_engines",
     "recipe": "miles_register_recipes",
 }
 
@@ -131,19 +133,26 @@ class Hub:
         return self._registries[kind]
 
     def _collect(self, kind: ComponentKind) -> dict[str, Registered]:
+        """Call each plugin's implementation through pluggy's hook caller (so tracing, hook-call
+        monitoring and wrappers apply), one plugin at a time so every registration keeps its origin."""
         origins: dict[str, tuple[str, str | None, bool]] = getattr(self.pm, "miles_origins", {})
-        caller = getattr(self.pm.hook, HOOK_FOR_KIND[kind])
+        hook_name = HOOK_FOR_KIND[kind]
+        impls = getattr(self.pm.hook, hook_name).get_hookimpls()
+        wrappers = {id(i.plugin) for i in impls if i.hookwrapper or getattr(i, "wrapper", False)}
+        plain = [i for i in impls if id(i.plugin) not in wrappers]
         found: dict[str, Registered] = {}
-        for impl in reversed(caller.get_hookimpls()):  # registration order
+        for impl in reversed(plain):  # pluggy's call order: last registered first, tryfirst/trylast honoured
             plugin_name = impl.plugin_name
             dist, version, builtin = origins.get(plugin_name, (plugin_name, None, False))
-            items = impl.function() or []
+            others = [i.plugin for i in plain if i.plugin is not impl.plugin]
+            results = self.pm.subset_hook_caller(hook_name, remove_plugins=others)()
+            items = [item for result in results for item in (result or [])]
             expected = RecipeFile if kind == "recipe" else Component
             for item in items:
                 if not isinstance(item, expected):
                     raise PluginError(
                         f"plugin '{plugin_name}' ({dist}) returned {type(item).__name__} from "
-                        f"{HOOK_FOR_KIND[kind]}; expected {expected.__name__}"
+                        f"{hook_name}; expected {expected.__name__}"
                     )
                 if item.name in found:
                     other = found[item.name]
@@ -193,6 +202,20 @@ class Hub:
         """Build a component with validated options; errors name ``where`` (e.g. a recipe key)."""
         comp = self.component(kind, ref)
         return comp.factory(validate_options(comp, options, where=where or f"{kind} '{ref}'"))
+
+
+_DEFAULT_HUB: tuple[tuple[Any, ...], Hub] | None = None
+
+
+def default_hub() -> Hub:
+    """The process's hub, built once (entry points load once per process) and rebuilt only when
+    the plugin switches (``MILES_*`` environment, built-in list) change."""
+    global _DEFAULT_HUB
+    key = (DEFAULT_PLUGINS, *(os.environ.get(v) for v in ("MILES_DISABLE_PLUGIN_AUTOLOAD", "MILES_PLUGINS",
+                                                          "MILES_TRACE_PLUGINS")))
+    if _DEFAULT_HUB is None or _DEFAULT_HUB[0] != key:
+        _DEFAULT_HUB = (key, Hub())
+    return _DEFAULT_HUB[1]
 
 
 def validate_options(comp: Component, options: Mapping[str, Any] | BaseModel | None, *, where: str) -> BaseModel:

@@ -57,3 +57,17 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
     for row in rows:
         t.add_row(*("" if v is None else str(v) for v in row))
     return t
+
+
+def cli_hub() -> Hub:
+    """The plugin hub of this command invocation: built once at the entry point, shared by every
+    part of the command (outside a command: the process's hub)."""
+    from miles_engine.hub import Hub, default_hub
+
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return default_hub()
+    meta = ctx.find_root().meta
+    if "miles.hub" not in meta:
+        meta["miles.hub"] = Hub()
+    return meta["miles.hub"]

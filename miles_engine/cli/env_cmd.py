@@ -11,6 +11,7 @@ import click
 from miles_engine.cli.common import (
     build_environment,
     build_sandbox_backend,
+    cli_hub,
     console,
     echo_json,
     option_flag,
@@ -19,7 +20,6 @@ from miles_engine.cli.common import (
 )
 from miles_engine.environments.capabilities import preflight
 from miles_engine.environments.validate import TaskCheck, validate_environment
-from miles_engine.hub import Hub
 
 path_flag = click.option("--path", type=click.Path(exists=True, file_okay=False), default=None,
                          help="Task directory root (sets the environment's 'path' option).")
@@ -34,7 +34,7 @@ def env() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def ls(as_json: bool) -> None:
     """List registered environments."""
-    regs = Hub().registry("environment").values()
+    regs = cli_hub().registry("environment").values()
     rows = [{"name": r.name, "distribution": r.distribution, "version": r.version,
              "description": r.component.description} for r in regs]
     if as_json:
@@ -51,7 +51,7 @@ def ls(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def tasks(name: str, path: str | None, options: tuple[str, ...], as_json: bool) -> None:
     """List the tasks of environment NAME."""
-    source = build_environment(Hub(), name, parse_options(options), path)
+    source = build_environment(cli_hub(), name, parse_options(options), path)
     refs = list(source.list_tasks())
     if as_json:
         echo_json([r.model_dump(mode="json") for r in refs])
@@ -73,7 +73,7 @@ def tasks(name: str, path: str | None, options: tuple[str, ...], as_json: bool) 
 def validate(name: str, path: str | None, options: tuple[str, ...], jobs: int, backend: str,
              sandbox_options: tuple[str, ...], task_ids: tuple[str, ...], as_json: bool) -> None:
     """Run each task with its reference solution (must score 1.0) and doing nothing (must score 0.0)."""
-    hub = Hub()
+    hub = cli_hub()
     source = build_environment(hub, name, parse_options(options), path)
     sandbox_backend = build_sandbox_backend(hub, backend, parse_options(sandbox_options))
     try:

@@ -8,10 +8,9 @@ import sys
 
 import click
 
-from miles_engine.cli.common import console, echo_json, table
+from miles_engine.cli.common import cli_hub, console, echo_json, table
 from miles_engine.config.recipe import RecipeConfig, load_recipe
 from miles_engine.environments.capabilities import close_environment, preflight
-from miles_engine.hub import Hub
 from miles_engine.rewards.stack import build_reward_stack
 from miles_engine.rollout.episode import EpisodeResult, run_episode
 
@@ -51,7 +50,7 @@ async def _evaluate(hub: Hub, cfg: RecipeConfig) -> list[EpisodeResult]:
 @click.option("--json", "as_json", is_flag=True)
 def eval_cmd(recipe: str, overrides: tuple[str, ...], as_json: bool) -> None:
     """Evaluate RECIPE's agent on its environment (KEY=VALUE overrides, e.g. eval.jobs=8)."""
-    hub = Hub()
+    hub = cli_hub()
     cfg = load_recipe(recipe, list(overrides), hub)
     results = asyncio.run(_evaluate(hub, cfg))
     scored = [r.reward.reward for r in results if r.reward.reward is not None]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from miles_engine.cli.common import console, echo_json, table
-from miles_engine.hub import Hub, iter_registrations
+from miles_engine.cli.common import cli_hub, console, echo_json, table
+from miles_engine.hub import iter_registrations
 
 
 @click.command()
@@ -13,7 +13,7 @@ from miles_engine.hub import Hub, iter_registrations
 @click.option("--all", "include_builtin", is_flag=True, help="Include the built-in plugins of miles-engine.")
 def plugins(as_json: bool, include_builtin: bool) -> None:
     """List installed plugins and the components they register."""
-    hub = Hub()
+    hub = cli_hub()
     rows = [
         {
             "distribution": reg.distribution,

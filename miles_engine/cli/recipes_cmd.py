@@ -8,10 +8,9 @@ from pathlib import Path
 import click
 import yaml
 
-from miles_engine.cli.common import console, echo_json, table
+from miles_engine.cli.common import cli_hub, console, echo_json, table
 from miles_engine.config.recipe import load_recipe, resolve_recipe_path
 from miles_engine.errors import ConfigError
-from miles_engine.hub import Hub
 
 
 @click.group()
@@ -23,7 +22,7 @@ def recipes() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def ls(as_json: bool) -> None:
     """List packaged recipes."""
-    regs = Hub().registry("recipe").values()
+    regs = cli_hub().registry("recipe").values()
     rows = [{"name": r.name, "distribution": r.distribution, "command": r.component.description,
              "path": str(r.component.path)} for r in regs]  # type: ignore[union-attr]
     if as_json:

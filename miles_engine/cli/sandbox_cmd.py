@@ -8,9 +8,8 @@ from typing import Any
 
 import click
 
-from miles_engine.cli.common import build_sandbox_backend, console, echo_json, option_flag, parse_options, table
+from miles_engine.cli.common import build_sandbox_backend, cli_hub, console, echo_json, option_flag, parse_options, table
 from miles_engine.errors import ConfigError
-from miles_engine.hub import Hub
 
 backend_flag = click.option(
     "--backend", default="local", show_default=True, help="Sandbox backend: a registered name or a dotted import path."
@@ -64,7 +63,7 @@ def exec_cmd(
     from miles_engine.sandbox.hostile import default_spec
     from miles_engine.sandbox.protocol import NetworkPolicy
 
-    be = build_sandbox_backend(Hub(), backend, parse_options(options))
+    be = build_sandbox_backend(cli_hub(), backend, parse_options(options))
     spec = default_spec(be)
     updates: dict[str, Any] = {"env": _env_pairs(env_pairs)}
     if network:
@@ -100,7 +99,7 @@ def check_cmd(backend: str, options: tuple[str, ...], as_json: bool, cases: tupl
         raise click.BadParameter(
             f"unknown case(s) {', '.join(unknown)}; choose from {', '.join(CASE_NAMES)}", param_hint="--case"
         )
-    be = build_sandbox_backend(Hub(), backend, parse_options(options))
+    be = build_sandbox_backend(cli_hub(), backend, parse_options(options))
 
     async def run() -> list[Any]:
         try:
@@ -153,7 +152,7 @@ def sweep_cmd(backend: str, options: tuple[str, ...], run_id: str, as_json: bool
 
     if not run_id.strip():
         raise click.BadParameter("must be a non-empty run id", param_hint="--run")
-    be = build_sandbox_backend(Hub(), backend, parse_options(options))
+    be = build_sandbox_backend(cli_hub(), backend, parse_options(options))
 
     async def run() -> list[str]:
         try:

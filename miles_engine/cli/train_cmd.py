@@ -27,8 +27,8 @@ def train(recipe: str | None, overrides: tuple[str, ...], resume_dir: Path | Non
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from miles_engine.train.driver import train as drive
-    from miles_engine.train.stack import TrainingStack
+    from miles_engine.cli.common import cli_hub
+    from miles_engine.train.run import TrainingRun, run_recipe
 
     if resume_dir is not None:
         if recipe is not None and "=" in recipe:  # with --resume every argument is an override
@@ -36,27 +36,28 @@ def train(recipe: str | None, overrides: tuple[str, ...], resume_dir: Path | Non
         recipe = str(resume_dir / "config.yaml")
     if recipe is None:
         raise click.UsageError("give a RECIPE (or --resume RUN_DIR)")
-    cfg = load_recipe(recipe, list(overrides))
+    hub = cli_hub()
+    cfg = load_recipe(recipe, list(overrides), hub=hub)
     run_dir = resume_dir or _run_dir(recipe, cfg.run.out_dir, cfg.run.name)
     click.echo(f"run directory: {run_dir}")
 
     async def main() -> int:
-        stack = TrainingStack(cfg, run_dir, resume=resume_dir is not None)
         task = asyncio.current_task()
+        run: TrainingRun | None = None
 
         def on_interrupt() -> None:  # first Ctrl-C: finish the step and checkpoint; second: abort now
-            if stack.stop_requested and task is not None:
+            if (run is None or run.stop_requested) and task is not None:
                 task.cancel()
                 return
-            stack.stop_requested = True
+            run.stop_requested = True
             click.echo("\nstopping after the current step (Ctrl-C again to abort without a checkpoint)", err=True)
 
         asyncio.get_running_loop().add_signal_handler(signal.SIGINT, on_interrupt)
-        try:
-            await stack.build()
-            return await drive(stack)
-        finally:
-            await stack.aclose()
+        def started(r: TrainingRun) -> None:
+            nonlocal run
+            run = r
+
+        return await run_recipe(cfg, run_dir, hub=hub, resume=resume_dir is not None, on_start=started)
 
     try:
         last = asyncio.run(main())

@@ -5,14 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from miles_engine.config.errors import format_validation_error
 from miles_engine.metrics import MetricsConfig
 from miles_engine.rewards.config import RewardConfig
 from miles_engine.rollout.buffer import BufferOptions
+from miles_engine.engines.fleet.config import EngineGroupConfig, FleetConfig
 from miles_engine.train.config import (
-    EngineConfig,
     PlacementConfig,
     RolloutConfig,
     RunConfig,
@@ -69,7 +69,10 @@ class RecipeConfig(Section):
     chat_family: ComponentRef = Field(default_factory=lambda: ComponentRef(name="chatml"))
     tokenizer: TokenizerConfig = Field(default_factory=TokenizerConfig)
     model: TinyModelConfig = Field(default_factory=TinyModelConfig)
-    engine: EngineConfig = Field(default_factory=EngineConfig)
+    engines: list[EngineGroupConfig] = Field(
+        default_factory=lambda: [EngineGroupConfig()], min_length=1,
+        description="engine groups behind the router (default: one embedded engine in the driver process)")
+    fleet: FleetConfig = Field(default_factory=FleetConfig)
     session_server: SessionServerConfig = Field(default_factory=SessionServerConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     sft: SFTRunConfig = Field(default_factory=SFTRunConfig)
@@ -81,6 +84,15 @@ class RecipeConfig(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     opd: OPDRunConfig | None = Field(None, description="on-policy distillation teachers (with trainer.opd)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_sections(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "engine" in data:
+            raise ValueError("the engine section became engines, a list of engine groups: e.g. engines: [{kind: "
+                             "embedded, options: {max_batch_size: 64, threads: 1}}] (kinds: embedded, server, "
+                             "sglang, external)")
+        return data
+
 
 def resolve_recipe_path(ref: str | Path, hub: Hub | None = None) -> Path:
     """A path to a YAML file, or the name of a packaged recipe."""
@@ -89,17 +101,17 @@ def resolve_recipe_path(ref: str | Path, hub: Hub | None = None) -> Path:
         if not path.is_file():
             raise ConfigError(f"recipe file '{path}' does not exist")
         return path
-    from miles_engine.hub import Hub
+    from miles_engine.hub import default_hub
 
-    registered = (hub or Hub()).get("recipe", str(ref))
+    registered = (hub or default_hub()).get("recipe", str(ref))
     return registered.component.path  # type: ignore[union-attr]
 
 
 def load_recipe(ref: str | Path, overrides: list[str] | None = None, hub: Hub | None = None) -> RecipeConfig:
     """Load, override and validate a recipe, including each component's own options."""
-    from miles_engine.hub import Hub
+    from miles_engine.hub import default_hub
 
-    hub = hub or Hub()
+    hub = hub or default_hub()
     path = resolve_recipe_path(ref, hub)
     data, lines = load_yaml_file(path)
     apply_overrides(data, overrides or [])
@@ -115,11 +127,14 @@ def load_recipe(ref: str | Path, overrides: list[str] | None = None, hub: Hub | 
     }
     for i, ref in enumerate(recipe.reward.components or []):
         refs[f"reward.components.{i}"] = ("reward", ref.name, ref.options)
+    for i, group in enumerate(recipe.engines):
+        refs[f"engines.{i}"] = ("engine", group.kind, group.options)
     for section, (kind, name, options) in refs.items():
         try:
             comp = hub.component(kind, name)  # type: ignore[arg-type]
         except MilesError as exc:
-            line = lines.get(f"{section}.name") or lines.get(f"{section}.backend") or lines.get(section)
+            line = (lines.get(f"{section}.name") or lines.get(f"{section}.backend") or lines.get(f"{section}.kind")
+                    or lines.get(section))
             raise ConfigError(f"{path}:{line or '?'}: {section}: {exc}") from exc
         try:
             comp.options.model_validate(options)
@@ -129,4 +144,18 @@ def load_recipe(ref: str | Path, overrides: list[str] | None = None, hub: Hub | 
                     exc, prefix=f"{section}.options", model=comp.options, file=str(path), lines=lines
                 )
             ) from exc
+    _check_engines(recipe, hub, str(path), lines)
     return recipe
+
+
+def _check_engines(recipe: RecipeConfig, hub: Hub, path: str, lines: dict[str, int]) -> None:
+    """The weight transport must reach every engine group (one line naming both keys)."""
+    from miles_engine.engines.fleet.build import check_transport, create_kinds, group_names
+
+    kinds = create_kinds(hub, recipe.engines)  # cheap: a kind's factory only keeps its options
+    try:
+        group_names(recipe.engines)
+        check_transport(recipe.weights.transport, recipe.engines, kinds)
+    except ConfigError as exc:
+        line = lines.get("weights.transport") or lines.get("engines") or "?"
+        raise ConfigError(f"{path}:{line}: {exc}") from exc

@@ -57,7 +57,7 @@ def load_yaml_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML) in place; return ``data``."""
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML; ``a.0.b`` indexes a list) in place."""
     for item in overrides:
         key, sep, raw = item.partition("=")
         key = key.strip()
@@ -67,15 +67,30 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             value = yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as exc:
             raise ConfigError(f"override '{item}': value is not valid YAML: {exc}") from exc
-        node = data
+        node: Any = data
         parts = key.split(".")
-        for depth, part in enumerate(parts[:-1]):
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                path = ".".join(parts[: depth + 1])
-                raise ConfigError(f"override '{item}': '{path}' is a value, not a section")
-            node = child
-        node[parts[-1]] = value
+        for depth, part in enumerate(parts):
+            last = depth == len(parts) - 1
+            where = ".".join(parts[: depth + 1])
+            if isinstance(node, list):  # engines.0.kind=server: a list item by index (len(list) appends)
+                if not part.isdigit() or int(part) > len(node):
+                    raise ConfigError(f"override '{item}': '{where}' must index the list "
+                                      f"'{'.'.join(parts[:depth])}' (0..{len(node)})")
+                index = int(part)
+                if index == len(node):
+                    node.append({})
+                if last:
+                    node[index] = value
+                    break
+                node = node[index]
+            elif isinstance(node, dict):
+                if last:
+                    node[part] = value
+                    break
+                child = node.get(part)
+                if child is None:
+                    child = node[part] = [] if parts[depth + 1].isdigit() else {}
+                node = child
+            else:
+                raise ConfigError(f"override '{item}': '{'.'.join(parts[:depth])}' is a value, not a section")
     return data

@@ -80,12 +80,16 @@ class Router:
         return self
 
     async def aclose(self) -> None:
+        await self.stop_health_checks()
+        await asyncio.gather(*(s.engine.aclose() for s in self.slots), return_exceptions=True)
+
+    async def stop_health_checks(self) -> None:
+        """Stop the health loop, leaving the engines to whoever started them."""
         if self._health_task is not None:
             self._health_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._health_task
             self._health_task = None
-        await asyncio.gather(*(s.engine.aclose() for s in self.slots), return_exceptions=True)
 
     # ------------------------------------------------------------------ placement
     def _admitted(self) -> list[EngineSlot]:

@@ -96,7 +96,7 @@ class SGLangServer:
 
     async def start(self) -> HttpEngine:
         await self.process.start(self.cfg.start_timeout_s)
-        self.engine = HttpEngine(self.url, name=self.process.name, **self.client_kwargs)
+        self.engine = HttpEngine(self.url, **{"name": self.process.name, **self.client_kwargs})
         try:
             await self.engine.connect()
         except Exception:

@@ -42,10 +42,13 @@ RunTrajectory = Callable[[Any, int], Awaitable[Trajectory]]
 
 
 class SchedulerOptions(BaseModel):
+    """The scheduler's options; the recipe's ``rollout`` section extends this model (one set of
+    defaults, one key per knob), so errors name ``rollout.*``."""
+
     model_config = ConfigDict(extra="forbid", frozen=True)
-    group_size: int = Field(8, ge=1, description="attempts per task (n of GRPO)")
-    max_inflight: int = Field(32, ge=1, description="trajectory credits: episodes running at most")
-    episode_timeout_s: float | None = Field(None, gt=0, description="deadline of one episode")
+    group_size: int = Field(8, ge=1, description="attempts per task (GRPO's n)")
+    max_inflight: int = Field(32, ge=1, description="trajectory credits: episodes running at once")
+    episode_timeout_s: float | None = Field(120.0, gt=0, description="deadline of one episode (None: none)")
     poll_s: float = Field(0.05, gt=0, description="how often a closed gate is re-checked without a notify")
 
 
@@ -79,7 +82,7 @@ class Scheduler:
         same group ids (a resumed run regenerates them instead of losing them)."""
         self.options = opts = options or SchedulerOptions()
         if opts.max_inflight < opts.group_size:
-            raise ConfigError(f"scheduler.max_inflight ({opts.max_inflight}) must be >= group_size "
+            raise ConfigError(f"rollout.max_inflight ({opts.max_inflight}) must be >= rollout.group_size "
                               f"({opts.group_size}): a group needs that many credits to be submitted")
         self._tasks = iter(tasks)
         self._run = run_trajectory

@@ -8,8 +8,10 @@ import math
 import random
 import shutil
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from miles_engine.errors import ConfigError
 from miles_engine.teachers.compat import PROBE_TEXT, VocabFingerprint, fingerprint_tokenizer
@@ -17,24 +19,35 @@ from miles_engine.teachers.config import OPDRunConfig
 from miles_engine.teachers.routing import TeacherRouter, TeacherRoutingError
 from miles_engine.teachers.scoring import TeacherScoring, check_teachers
 
-if TYPE_CHECKING:
-    from miles_engine.train.stack import TrainingStack
-
 TEACHER_DIR = "teacher"
 ROUTE_CHECK_TASKS = 64  # tasks whose tags are routed at start-up, so a missing route fails before training
 
 
+@dataclass(frozen=True)
+class OPDInputs:
+    """What OPD uses from the run, and nothing else."""
+
+    cfg: Any  # RecipeConfig: opd, trainer.opd, trainer.algorithm, seed
+    hub: Any
+    run_dir: Path
+    codec: Any
+    source: Any
+    tasks: Any  # TaskStream: the first tasks' tags are routed at start-up
+    metrics: Any
+    student_models: Callable[[], list[Any]]  # in-process engine models (student top-k scoring)
+
+
 class OPDSetup:
-    def __init__(self, stack: TrainingStack, cfg: OPDRunConfig) -> None:
-        self.stack, self.cfg = stack, cfg
+    def __init__(self, inputs: OPDInputs, cfg: OPDRunConfig) -> None:
+        self.inputs, self.cfg = inputs, cfg
         self.teachers: dict[str, Any] = {}
         self.scoring: TeacherScoring | None = None
         self.fatal: BaseException | None = None
 
     @classmethod
-    def build(cls, stack: TrainingStack) -> OPDSetup | None:
+    def build(cls, inputs: OPDInputs) -> OPDSetup | None:
         """Validate the ``opd:`` section against ``trainer.opd`` and build the ready teachers."""
-        rcfg, topd = stack.cfg.opd, stack.cfg.trainer.opd
+        rcfg, topd = inputs.cfg.opd, inputs.cfg.trainer.opd
         if rcfg is None:
             if topd.enabled:
                 raise ConfigError(f"trainer.opd (beta={topd.beta}, coef={topd.coef}) needs teachers: add an opd: "
@@ -43,7 +56,7 @@ class OPDSetup:
         if not topd.enabled:
             raise ConfigError("the recipe has an opd: section but trainer.opd.beta and trainer.opd.coef are 0: "
                               "set one of them (the teachers would score for nothing)")
-        setup = cls(stack, rcfg)
+        setup = cls(inputs, rcfg)
         trained = rcfg.train_teacher.teacher if rcfg.train_teacher else None
         if trained is not None:
             if trained not in rcfg.teachers:
@@ -56,8 +69,8 @@ class OPDSetup:
                               default=rcfg.default)  # config errors now, before anything is built
         from miles_engine.train.episodes import task_tags
 
-        for ref in stack.tasks.refs[:ROUTE_CHECK_TASKS]:
-            names.name_for(task_tags(stack.source.load_task(ref.id)), sample=f"task {ref.id!r}")
+        for ref in inputs.tasks.refs[:ROUTE_CHECK_TASKS]:
+            names.name_for(task_tags(inputs.source.load_task(ref.id)), sample=f"task {ref.id!r}")
         for name, ref in rcfg.teachers.items():
             if name != trained:
                 setup.teachers[name] = setup._create(name, ref.name, ref.options)
@@ -65,33 +78,37 @@ class OPDSetup:
         return setup
 
     def _create(self, name: str, kind: str, options: dict[str, Any]) -> Any:
-        teacher = self.stack.hub.create("teacher", kind, options, where=f"opd.teachers.{name}.options")
+        teacher = self.inputs.hub.create("teacher", kind, options, where=f"opd.teachers.{name}.options")
         teacher.name = name
         return teacher
 
     def student_fingerprint(self) -> VocabFingerprint:
-        tok = self.stack.codec.tokenizer
+        tok = self.inputs.codec.tokenizer
         return fingerprint_tokenizer(tok, PROBE_TEXT, sorted(tok.added_tokens))
 
-    async def prepare(self) -> None:
+    async def prepare(self, stop: Callable[[], bool] = lambda: False) -> None:
         """Train (or, on resume, reload) the start-up teacher; then build the scoring step."""
-        stack, spec = self.stack, self.cfg.train_teacher
+        inputs, spec = self.inputs, self.cfg.train_teacher
         if spec is not None:
-            out = stack.run_dir / TEACHER_DIR
+            out = inputs.run_dir / TEACHER_DIR
             if not (out / "config.json").is_file():
-                await asyncio.to_thread(train_teacher, stack, spec, out)
+                await asyncio.to_thread(train_teacher, inputs, spec, out, stop)
             ref = self.cfg.teachers[spec.teacher]
             options = {**ref.options, "model": str(out)}
             teacher = await asyncio.to_thread(self._create, spec.teacher, ref.name, options)
             check_teachers({spec.teacher: teacher}, self.student_fingerprint())
             self.teachers[spec.teacher] = teacher
-        topd = stack.cfg.trainer.opd
+        topd = inputs.cfg.trainer.opd
         mode = topd.candidates if topd.coef else "sampled"
         student = None
         if mode in ("student_topk", "intersection", "union"):
             from miles_engine.teachers.inprocess import ModelScorer
 
-            student = ModelScorer(stack.engine.model, temperature=stack.cfg.trainer.algorithm.temperature)
+            models = inputs.student_models()
+            if not models:
+                raise ConfigError(f"trainer.opd.candidates={mode!r} scores the student's own top-k in the driver "
+                                  f"process: it needs an engines group of kind 'embedded' (or candidates: sampled)")
+            student = ModelScorer(models[0], temperature=inputs.cfg.trainer.algorithm.temperature)
         router = TeacherRouter(self.teachers, route_tag=self.cfg.route_tag, routes=self.cfg.routes,
                                default=self.cfg.default)
         self.scoring = TeacherScoring(router, mode=mode, top_k=topd.top_k, student=student)
@@ -115,26 +132,26 @@ class OPDSetup:
             await teacher.aclose()
 
 
-def train_teacher(stack: TrainingStack, spec: Any, out: Path) -> None:
+def train_teacher(inputs: OPDInputs, spec: Any, out: Path, stop: Callable[[], bool] = lambda: False) -> None:
     """SFT a tiny model (the student's tokenizer) on fresh demonstrations; save it to ``out``."""
+    from miles_engine.train.model_build import demonstrations
     from miles_engine.train.sft_rows import conversation_row
-    from miles_engine.train.stack import demonstrations
     from miles_engine.train.tiny_model import build_config, build_model
     from miles_engine.trainer.rows import SFTRow
     from miles_engine.trainer.torch_trainer import TorchTrainer
 
-    cfg, tok = stack.cfg, stack.codec.tokenizer
-    config = build_config(spec.model, tok.vocab_size, bos_id=None, eos_id=stack.codec.stop_ids[0],
+    cfg, tok = inputs.cfg, inputs.codec.tokenizer
+    config = build_config(spec.model, tok.vocab_size, bos_id=None, eos_id=inputs.codec.stop_ids[0],
                           pad_id=tok.added_tokens.get("<|endoftext|>", 0))
     model = build_model(config, cfg.seed + 101)
-    demos = demonstrations(stack.source, spec.demos, seed=cfg.seed + 103, wrong_fraction=spec.wrong_fraction)
-    rows = [SFTRow(*conversation_row(stack.codec, d.prompt, d.messages, d.tools)) for d in demos]
+    demos = demonstrations(inputs.source, spec.demos, seed=cfg.seed + 103, wrong_fraction=spec.wrong_fraction)
+    rows = [SFTRow(*conversation_row(inputs.codec, d.prompt, d.messages, d.tools)) for d in demos]
     steps = max(1, math.ceil(len(rows) * spec.epochs / spec.batch_size))
     trainer = TorchTrainer(model, {"optimizer": {"lr": spec.lr}, "num_threads": cfg.trainer.num_threads,
                                    "lr_schedule": {"kind": "linear", "warmup_steps": min(spec.warmup_steps, steps),
                                                    "total_steps": steps}})
     rng, order, started = random.Random(cfg.seed + 105), [], time.monotonic()
-    stack.metrics.set_total(steps, kind="teacher")
+    inputs.metrics.set_total(steps, kind="teacher")
     for step in range(1, steps + 1):
         if len(order) < spec.batch_size:
             fresh = list(range(len(rows)))
@@ -142,8 +159,8 @@ def train_teacher(stack: TrainingStack, spec: Any, out: Path) -> None:
             order += fresh
         batch, order = [rows[i] for i in order[:spec.batch_size]], order[spec.batch_size:]
         metrics = trainer.sft_step(batch)
-        stack.metrics.log(step, {f"teacher_sft/{k}": v for k, v in metrics.items()}, kind="teacher")
-        if stack.stop_requested or (spec.max_minutes and time.monotonic() - started > spec.max_minutes * 60):
+        inputs.metrics.log(step, {f"teacher_sft/{k}": v for k, v in metrics.items()}, kind="teacher")
+        if stop() or (spec.max_minutes and time.monotonic() - started > spec.max_minutes * 60):
             break
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted run

@@ -151,9 +151,9 @@ class EnvironmentContract:
 
     @pytest.fixture
     def sandbox_backend(self) -> Iterator[Any]:
-        from miles_engine.hub import Hub
+        from miles_engine.hub import default_hub
 
-        backend = Hub().create("sandbox", "local")
+        backend = default_hub().create("sandbox", "local")
         yield backend
         asyncio.run(backend.aclose())
 

@@ -129,10 +129,10 @@ class RewardContract:
     # ------------------------------------------------------------------ hooks to override
     def hub(self) -> Any:
         """The hub the component is looked up in: ``plugin`` registered programmatically when set."""
-        from miles_engine.hub import Hub, get_plugin_manager
+        from miles_engine.hub import Hub, default_hub, get_plugin_manager
 
         if self.plugin is None:
-            return Hub()
+            return default_hub()
         from importlib import import_module
 
         pm = get_plugin_manager(load_entrypoints=False)
@@ -152,9 +152,9 @@ class RewardContract:
 
     def make_backend(self) -> Any:
         """The sandbox backend of samples that need one (default: the core ``local`` backend)."""
-        from miles_engine.hub import Hub
+        from miles_engine.hub import default_hub
 
-        return Hub().create("sandbox", "local", {})
+        return default_hub().create("sandbox", "local", {})
 
     # ------------------------------------------------------------------ machinery
     def run(self, make: Callable[[], Awaitable[T]]) -> T:

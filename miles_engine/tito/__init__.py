@@ -22,9 +22,9 @@ def resolve_family(ref: Any, options: dict[str, Any] | None = None, hub: Hub | N
 
     if isinstance(ref, ChatFamily):
         return ref
-    from miles_engine.hub import Hub
+    from miles_engine.hub import default_hub
 
-    family = (hub or Hub()).create("chat_family", str(ref), options or {}, where=f"chat family '{ref}' options")
+    family = (hub or default_hub()).create("chat_family", str(ref), options or {}, where=f"chat family '{ref}' options")
     if not isinstance(family, ChatFamily):
         raise ConfigError(f"chat family '{ref}' built a {type(family).__name__}, not a ChatFamily")
     return family

@@ -124,6 +124,9 @@ class SessionManager:
                 await self.engine.abort(rid)
             except Exception:  # the generation is discarded either way
                 pass
+        end = getattr(self.engine, "end_session", None)
+        if end is not None:  # a router: the session no longer pins its engine
+            end(session_id)
         return {"session_id": session_id, "deleted": True}
 
     def trajectories(self, session_id: str) -> dict[str, Any]:

@@ -16,10 +16,10 @@ from typing import Any
 
 from miles_engine.errors import ConfigError
 
-LAYOUT_KEYS = ("placement.trainer", "placement.trainer_ranks", "trainer.parallel.world_size",
-               "trainer.parallel.device")
-MUTABLE = ("description", "eval", "metrics", "run", "sft", "sandbox.options", "engine.max_batch_size",
-           "engine.threads", "engine.prompt_cache_tokens", "rollout.max_inflight", "rollout.episode_timeout_s",
+LAYOUT_KEYS = ("placement.trainer", "trainer.parallel.world_size", "trainer.parallel.device")
+# engines: the engines start from the trainer's weights, so the fleet may change on resume
+MUTABLE = ("description", "eval", "metrics", "run", "sft", "sandbox.options", "engines", "fleet",
+           "rollout.max_inflight", "rollout.poll_s", "rollout.episode_timeout_s",
            "buffer.capacity_groups", "trainer.num_threads", "trainer.sft.num_threads", "trainer.parallel.start_timeout_s",
            "trainer.parallel.step_timeout_s", "session_server.diagnose_every", "session_server.otel",
            "session_server.max_sessions")

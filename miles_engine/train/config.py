@@ -7,10 +7,11 @@ the driver owns: placement, engine, SFT warm start, rollout, weights and the run
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from miles_engine.rollout.scheduler import SchedulerOptions
 from miles_engine.weights.check.options import CheckOptions, CheckTolerance
 from miles_engine.weights.disk_delta.options import DiskDeltaOptions
 
@@ -20,30 +21,24 @@ class _Section(BaseModel):
 
 
 class PlacementConfig(_Section):
-    """Where the trainer runs relative to the engine (the engine runs in the driver process)."""
+    """Where the trainer runs relative to the engines (how many ranks: ``trainer.parallel.world_size``)."""
 
     trainer: Literal["in_process", "subprocess"] = Field(
         "subprocess", description="in_process: colocated with the engine (one process; only sync / one_step_off); "
-        "subprocess: its own process(es), so generation and training overlap")
-    trainer_ranks: int = Field(1, ge=1, description="FSDP2 ranks when trainer=subprocess")
+        "subprocess: its own process(es) (trainer.parallel.world_size FSDP2 ranks), so generation and training "
+        "overlap")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "trainer_ranks" in data:
+            raise ValueError("placement.trainer_ranks was replaced by trainer.parallel.world_size (one key for the "
+                             "number of trainer ranks)")
+        return data
 
     @property
     def colocated(self) -> bool:
         return self.trainer == "in_process"
-
-
-class EngineConfig(_Section):
-    max_batch_size: int = Field(64, ge=1)
-    threads: int = Field(1, ge=1, description="torch threads of the engine's decode thread")
-    dtype: Literal["float32", "bfloat16"] = "float32"
-    prompt_cache_tokens: int = Field(
-        1 << 15, ge=0, description="the engine's shared-prompt cache: a GRPO group's attempts prefill their "
-        "prompt once (token budget; 0 off)")
-    gil_switch_interval_ms: float | None = Field(
-        0.5, gt=0, le=100,
-        description="the driver process's sys.setswitchinterval while the engine's decode thread shares its GIL "
-        "with the event loop (Python's default is 5 ms: every socket, pipe or file call of the loop then "
-        "waits up to that long for the GIL behind a forward pass); None leaves it alone")
 
 
 class SFTRunConfig(_Section):
@@ -57,12 +52,11 @@ class SFTRunConfig(_Section):
     max_minutes: float | None = Field(None, gt=0, description="stop the warm start early after this long")
 
 
-class RolloutConfig(_Section):
+class RolloutConfig(SchedulerOptions):
+    """The scheduler's own options (group_size, max_inflight, episode_timeout_s, poll_s) plus the mode."""
+
     mode: Literal["sync", "one_step_off", "fully_async"] = "fully_async"
-    group_size: int = Field(8, ge=1, description="attempts per task (GRPO's n)")
     groups_per_step: int = Field(8, ge=1)
-    max_inflight: int = Field(64, ge=1, description="episodes running at once")
-    episode_timeout_s: float = Field(120.0, gt=0)
     task_seed: int = 0
 
 

@@ -1,26 +1,26 @@
-"""The training loop. It reads like pseudocode; every variant lives in the stack's components."""
+"""The training loop. It reads like pseudocode; every variant lives in the run's components."""
 
 from __future__ import annotations
 
-from miles_engine.train.stack import TrainingStack
+from miles_engine.train.run import TrainingRun
 
 
-async def train(stack: TrainingStack) -> int:
+async def train(run: TrainingRun) -> int:
     """Warm start, push the trainer's weights, then {get groups, train, checkpoint, push}."""
-    await stack.warm_start()
-    await stack.maybe_checkpoint(stack.step)  # resumable from the first RL step (no-op when resumed)
-    await stack.push_weights()  # engines start from the trainer's own (or the restored) weights and version
-    await stack.mode.start()
-    step = stack.step
-    for step in stack.steps():
-        groups = await stack.next_groups(step)
-        await stack.mode.before_train(step)
-        metrics = await stack.train(step, groups)
-        await stack.maybe_checkpoint(step)
-        version = await stack.push_weights()
-        await stack.mode.after_push(version)
-        stack.log(step, groups, metrics)
-        if stack.should_stop():
+    await run.warm_start()
+    await run.maybe_checkpoint(run.step)  # resumable from the first RL step (no-op when resumed)
+    await run.push_weights()  # engines start from the trainer's own (or the restored) weights and version
+    await run.mode.start()
+    step = run.step
+    for step in run.steps():
+        groups = await run.next_groups(step)
+        await run.mode.before_train(step)
+        metrics = await run.train(step, groups)
+        await run.maybe_checkpoint(step)
+        version = await run.push_weights()
+        await run.mode.after_push(version)
+        run.log(step, groups, metrics)
+        if run.should_stop():
             break
-    await stack.maybe_checkpoint(step, final=True)
+    await run.maybe_checkpoint(step, final=True)
     return step

@@ -2,29 +2,39 @@
 
 from __future__ import annotations
 
-import asyncio
 import math
 import random
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from miles_engine.train.sft_rows import conversation_row
 
-if TYPE_CHECKING:
-    from miles_engine.train.stack import TrainingStack
+
+@dataclass(frozen=True)
+class SFTInputs:
+    """What the warm start uses, and nothing else."""
+
+    cfg: Any  # RecipeConfig: sft, seed, run.steps
+    trainer: Any  # TrainerAccess
+    codec: Any
+    source: Any  # an environment with demonstrations
+    metrics: Any  # MetricsLogger
+    stop: Callable[[], bool] = lambda: False
 
 
-async def run_sft(stack: TrainingStack) -> None:
-    from miles_engine.train.stack import demonstrations
+async def run_sft(inputs: SFTInputs) -> None:
+    from miles_engine.train.model_build import demonstrations
     from miles_engine.trainer.rows import SFTRow
 
-    cfg = stack.cfg.sft
-    demos = demonstrations(stack.source, cfg.demos, seed=stack.cfg.seed + 1, wrong_fraction=cfg.wrong_fraction)
-    rows = [SFTRow(*conversation_row(stack.codec, d.prompt, d.messages, d.tools)) for d in demos]
+    recipe, cfg = inputs.cfg, inputs.cfg.sft
+    demos = demonstrations(inputs.source, cfg.demos, seed=recipe.seed + 1, wrong_fraction=cfg.wrong_fraction)
+    rows = [SFTRow(*conversation_row(inputs.codec, d.prompt, d.messages, d.tools)) for d in demos]
     steps = max(1, math.ceil(len(rows) * cfg.epochs / cfg.batch_size))
-    rng = random.Random(stack.cfg.seed)
+    rng = random.Random(recipe.seed)
     order: list[int] = []
-    stack.metrics.set_total(steps, kind="sft")
+    inputs.metrics.set_total(steps, kind="sft")
     started = time.monotonic()
     for step in range(1, steps + 1):
         if len(order) < cfg.batch_size:
@@ -32,8 +42,8 @@ async def run_sft(stack: TrainingStack) -> None:
             rng.shuffle(fresh)
             order += fresh
         batch, order = [rows[i] for i in order[:cfg.batch_size]], order[cfg.batch_size:]
-        metrics = await asyncio.to_thread(stack.trainer.sft_step, batch)
-        stack.metrics.log(step, {f"sft/{k}": v for k, v in metrics.items()}, kind="sft")
-        if stack.stop_requested or (cfg.max_minutes is not None and time.monotonic() - started > cfg.max_minutes * 60):
+        metrics = await inputs.trainer.sft_step(batch)
+        inputs.metrics.log(step, {f"sft/{k}": v for k, v in metrics.items()}, kind="sft")
+        if inputs.stop() or (cfg.max_minutes is not None and time.monotonic() - started > cfg.max_minutes * 60):
             break
-    stack.metrics.set_total(stack.cfg.run.steps, kind="train")
+    inputs.metrics.set_total(recipe.run.steps, kind="train")

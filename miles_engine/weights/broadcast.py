@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from miles_engine.weights.protocol import PushStats, WeightPushError, engine_name, engines_of, verify_versions
+from miles_engine.weights.protocol import PushStats, WeightPushError, engine_name, engines_of, verify_versions, TransportBase
 
 if TYPE_CHECKING:
     import torch
@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class BroadcastTransport:
+class BroadcastTransport(TransportBase):
     name = "broadcast"
 
     def __init__(self, engines: Any, *, bucket_bytes: int = 256 << 20, backend: str = "auto",

@@ -12,7 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from miles_engine.weights.protocol import PushStats, WeightPushError, engine_name, engines_of, verify_versions
+from miles_engine.weights.protocol import PushStats, WeightPushError, engine_name, engines_of, verify_versions, TransportBase
 
 if TYPE_CHECKING:
     import torch
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class ColocatedTransport:
+class ColocatedTransport(TransportBase):
     name = "colocated"
 
     def __init__(self, engines: Any, *, pause_mode: str = "retract") -> None:

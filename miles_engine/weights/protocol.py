@@ -57,6 +57,26 @@ class WeightTransport(Protocol):
 
     async def close(self) -> None: ...
 
+    async def rewind(self, version: int) -> list[int]:
+        """On resume from a checkpoint at ``version``: forget what was pushed after it (disk_delta
+        drops the abandoned future). Returns the versions dropped; a no-op elsewhere."""
+        ...
+
+    async def preflight(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Before training: refuse tensors the engines could not take (disk_delta checks its
+        baseline's names, dtypes and shapes); a no-op elsewhere."""
+        ...
+
+
+class TransportBase:
+    """The no-op defaults of a transport's optional abilities (:class:`WeightTransport`)."""
+
+    async def rewind(self, version: int) -> list[int]:
+        return []
+
+    async def preflight(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        return None
+
 
 def engines_of(targets: Any) -> list[Any]:
     """Flatten engines, lists of engines and routers (their admitted engines) into a list."""

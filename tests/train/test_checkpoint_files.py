@@ -25,7 +25,7 @@ from tests.rollout.helpers import traj
 
 CONFIG = {"seed": 0, "model": {"hidden_size": 128}, "trainer": {"optimizer": {"lr": 0.001}, "num_threads": 1,
                                                                 "parallel": {"world_size": 1, "device": "cpu"}},
-          "placement": {"trainer": "subprocess", "trainer_ranks": 1}, "run": {"steps": 10}}
+          "placement": {"trainer": "subprocess"}, "run": {"steps": 10}}
 
 
 def trainer_state(rl_steps: int = 1, moments: bool = True) -> dict:
@@ -110,7 +110,7 @@ def test_resume_compatibility_names_each_difference(tmp_path: Path) -> None:
                 "layout": checkpoint_compat.layout(CONFIG), "config": CONFIG}
     mutable = {**CONFIG, "run": {"steps": 99}, "trainer": {**CONFIG["trainer"], "num_threads": 2}}
     checkpoint_compat.check(manifest, mutable, "tok", tmp_path)
-    layout = {**CONFIG, "placement": {"trainer": "in_process", "trainer_ranks": 1}}
+    layout = {**CONFIG, "placement": {"trainer": "in_process"}}
     with pytest.raises(ConfigError, match="different parallel layout\n  placement.trainer: checkpoint "
                                           "'subprocess', now 'in_process'"):
         checkpoint_compat.check(manifest, layout, "tok", tmp_path)

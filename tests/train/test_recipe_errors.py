@@ -9,18 +9,15 @@ import pytest
 
 from miles_engine.config import load_recipe
 from miles_engine.errors import ConfigError, SandboxUnsupportedError
-from miles_engine.train.stack import TrainingStack
+from miles_engine.train.compose import compose
 
 
 def build_error(tmp_path: Path, overrides: list[str]) -> str:
     cfg = load_recipe("tiny-terminal", overrides)
-    stack = TrainingStack(cfg, tmp_path / "run")
 
     async def go() -> None:
-        try:
-            await stack.build()
-        finally:
-            await stack.aclose()
+        async with compose(cfg, tmp_path / "run"):
+            pass
 
     with pytest.raises((ConfigError, SandboxUnsupportedError)) as err:
         asyncio.run(go())

@@ -30,17 +30,13 @@ class ColocatedSkippingOne(ColocatedTransport):
 
 
 async def _train(cfg, run_dir: Path, switch_intervals: list[float] | None = None) -> int:
-    from miles_engine.train.driver import train
-    from miles_engine.train.stack import TrainingStack
+    from miles_engine.train.run import run_recipe
 
-    stack = TrainingStack(cfg, run_dir)
-    try:
-        await stack.build()
+    def started(_run: object) -> None:
         if switch_intervals is not None:
             switch_intervals.append(sys.getswitchinterval())
-        return await train(stack)
-    finally:
-        await stack.aclose()
+
+    return await run_recipe(cfg, run_dir, on_start=started)
 
 
 @pytest.mark.timeout(180)
@@ -53,8 +49,8 @@ def test_recipe_runs_with_every_push_checked(tmp_path: Path, transport: str) -> 
     before, during = sys.getswitchinterval(), []
     assert asyncio.run(_train(cfg, run_dir, during)) == 2
     # the engine thread and the event loop share the driver's GIL: a short switch interval
-    # while the run lasts (engine.gil_switch_interval_ms), the process's own one after it
-    assert during == [cfg.engine.gil_switch_interval_ms / 1000] and sys.getswitchinterval() == before
+    # while the run lasts (engines.N.options.gil_switch_interval_ms), the process's own one after it
+    assert during == [0.5 / 1000] and sys.getswitchinterval() == before
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     assert len(train) == 2

@@ -20,26 +20,18 @@ SHORT = ["sft.enabled=false", "tokenizer.corpus_demos=300", "rollout.mode=sync",
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("encoding", ["xor", "overwrite"])
 def test_tiny_recipe_runs_over_disk_delta(tmp_path: Path, encoding: str) -> None:
-    from miles_engine.train.driver import train
-    from miles_engine.train.stack import TrainingStack
+    from miles_engine.train.run import run_recipe
 
     cfg = load_recipe("tiny-terminal", [*SHORT, f"weights.disk_delta.encoding={encoding}",
                                         f"run.out_dir={tmp_path}"])
     run_dir = tmp_path / "run"
     run_dir.mkdir()
 
-    async def main() -> tuple[int, dict[str, str], dict[str, str]]:
-        stack = TrainingStack(cfg, run_dir)
-        try:
-            await stack.build()
-            last = await train(stack)
-            engine = digests(stack.engine.model.state_dict())
-            trainer = digests(dict(stack.trainer.named_tensors()))
-            return last, engine, trainer
-        finally:
-            await stack.aclose()
-
-    last, engine, trainer = asyncio.run(main())
+    runs = []
+    last = asyncio.run(run_recipe(cfg, run_dir, on_start=runs.append))
+    parts = runs[0].parts
+    engine = digests(parts.engines.slots[0].engine.model.state_dict())
+    trainer = digests(dict(parts.trainer.backend.named_tensors()))
     assert last == 3
     assert trainer and all(engine[n] == d for n, d in trainer.items())  # every pushed tensor, bit for bit
     complete, torn = scan(run_dir / "weights")

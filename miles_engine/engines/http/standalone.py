@@ -9,10 +9,11 @@ import contextlib
 import importlib
 import inspect
 import ipaddress
+import json
 import logging
 import signal
 import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -63,24 +64,28 @@ def load_factory(spec: str) -> Callable[..., RolloutEngine | Awaitable[RolloutEn
     return getattr(importlib.import_module(module), attr)
 
 
-async def build_engine(factory: str, model: str, *, dtype: str | None = None,
-                       threads: int | None = None) -> RolloutEngine:
+async def build_engine(factory: str, model: str, *, dtype: str | None = None, threads: int | None = None,
+                       options: Mapping[str, Any] | None = None) -> RolloutEngine:
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    engine = load_factory(factory)(model, dtype=dtype, threads=threads)
+    engine = load_factory(factory)(model, dtype=dtype, threads=threads, **dict(options or {}))
     return await engine if inspect.isawaitable(engine) else engine
 
 
 def run_standalone(model: str, *, host: str = "127.0.0.1", port: int = 30000, port_file: str | None = None,
                    dtype: str | None = None, threads: int | None = None,
-                   engine_factory: str = DEFAULT_ENGINE_FACTORY, log_level: str = "warning") -> None:
+                   engine_factory: str = DEFAULT_ENGINE_FACTORY, log_level: str = "warning",
+                   engine_options: str | Mapping[str, Any] | None = None) -> None:
     """Build the engine and serve it until SIGINT/SIGTERM (``miles serve`` and ``python -m``)."""
+    options = json.loads(engine_options) if isinstance(engine_options, str) else engine_options
+    if options is not None and not isinstance(options, Mapping):
+        raise MilesError(f"--engine-options must be a JSON object, got {engine_options!r}")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     async def _run() -> None:
-        engine = await build_engine(engine_factory, model, dtype=dtype, threads=threads)
+        engine = await build_engine(engine_factory, model, dtype=dtype, threads=threads, options=options)
         ready = lambda p: print(f"miles-engine serving {model} on http://{host}:{p}", flush=True)  # noqa: E731
         await serve(engine, host=host, port=port, model_path=model, port_file=port_file,
                     log_level=log_level, on_ready=ready)

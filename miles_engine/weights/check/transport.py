@@ -45,17 +45,18 @@ class CheckedTransport:
         self.filled = False
         self._fills: dict[int, dict[str, str]] = {}  # id(engine) -> name -> digest of its random fill
         self._preflighted = False
-        if hasattr(inner, "preflight"):
-            self.preflight = self._preflight
 
     def __getattr__(self, attr: str) -> Any:  # the wrapped transport's own attributes (flatten, appliers, ...)
         if attr == "inner":
             raise AttributeError(attr)
         return getattr(self.inner, attr)
 
-    async def _preflight(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    async def preflight(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         await self.inner.preflight(named_tensors)
         self._preflighted = True
+
+    async def rewind(self, version: int) -> list[int]:
+        return await self.inner.rewind(version)
 
     # ------------------------------------------------------------------ fill
     def _exact(self, named: Mapping[str, torch.Tensor], meta: Mapping[str, TensorMeta]) -> dict[str, torch.Tensor]:
@@ -111,9 +112,9 @@ class CheckedTransport:
         t0 = time.perf_counter()
         fill_s = 0.0
         if not self.filled:
-            if hasattr(self.inner, "preflight") and not self._preflighted:
+            if not self._preflighted:
                 # disk_delta's default baseline is the engine's initial weights: open it before the fill
-                await self._preflight(named_list)
+                await self.preflight(named_list)
             engines = engines_of(self.targets)
             await self._pause(engines)
             try:

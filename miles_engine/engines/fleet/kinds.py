@@ -1,0 +1,61 @@
+"""What an engine kind is: a factory (registered through ``miles_register_engines``) whose
+object starts one group's engines and says which weight transports can reach them."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from miles_engine.engines.fleet.config import EngineGroupConfig
+    from miles_engine.engines.protocol import RolloutEngine
+
+Restore = Callable[[], Awaitable[tuple[Mapping[str, Any], int]]]
+
+
+@dataclass
+class FleetContext:
+    """What every kind may need to start its engines.
+
+    :param model: the policy's source: a model instance (random init or loaded) or a path/spec.
+    :param state_dir: a directory the run owns (RUN_DIR/engines): logs, ports, saved models.
+    :param restore: the trainer's current weights and version, for an engine (re)started mid-run.
+    """
+
+    model: Any
+    state_dir: Path
+    seed: int = 0
+    restore: Restore | None = None
+    env: Mapping[str, str] | None = None
+    _model_dir: Path | None = field(default=None, repr=False)
+
+    def model_path(self) -> str:
+        """A path another process can load the policy from (an instance is saved once)."""
+        if isinstance(self.model, (str, Path)):
+            return str(self.model)
+        if self._model_dir is None:
+            out = self.state_dir / "model"
+            tmp = self.state_dir / "model.tmp"
+            if not (out / "config.json").is_file():
+                import shutil
+
+                shutil.rmtree(tmp, ignore_errors=True)
+                self.model.save_pretrained(str(tmp), safe_serialization=True)
+                shutil.rmtree(out, ignore_errors=True)
+                tmp.rename(out)
+            self._model_dir = out
+        return str(self._model_dir)
+
+
+@runtime_checkable
+class EngineKind(Protocol):
+    in_process: bool  # its engines live in the driver process (they can share tensors: colocated)
+    transports: tuple[str, ...]  # the weight transports that can reach its engines
+
+    async def start(self, group: EngineGroupConfig, name: str, ctx: FleetContext,
+                    stack: AsyncExitStack) -> list[RolloutEngine]:
+        """Start the group's ``group.replicas`` engines; register their teardown on ``stack``."""
+        ...

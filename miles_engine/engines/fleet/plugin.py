@@ -1,0 +1,47 @@
+"""The built-in engine kinds, registered like a third party's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from miles_engine import hookimpl
+from miles_engine.components import Component
+from miles_engine.engines.fleet import config
+
+
+def _embedded(options: config.EmbeddedKindOptions) -> Any:
+    from miles_engine.engines.fleet.embedded import EmbeddedKind
+
+    return EmbeddedKind(options)
+
+
+def _server(options: config.ServerKindOptions) -> Any:
+    from miles_engine.engines.fleet.server import ServerKind
+
+    return ServerKind(options)
+
+
+def _sglang(options: config.SGLangKindOptions) -> Any:
+    from miles_engine.engines.fleet.sglang_kind import SGLangKind
+
+    return SGLangKind(options)
+
+
+def _external(options: config.ExternalKindOptions) -> Any:
+    from miles_engine.engines.fleet.external import ExternalKind
+
+    return ExternalKind(options)
+
+
+@hookimpl
+def miles_register_engines() -> list[Component]:
+    return [
+        Component("embedded", _embedded, config.EmbeddedKindOptions,
+                  "PyTorch engine in the driver process (CPU or GPU); colocated or disk_delta weights"),
+        Component("server", _server, config.ServerKindOptions,
+                  "`miles serve` engine processes launched and supervised by the run (loopback)"),
+        Component("sglang", _sglang, config.SGLangKindOptions,
+                  "SGLang servers launched by the run (GPU machines; the sglang extra)"),
+        Component("external", _external, config.ExternalKindOptions,
+                  "SGLang-compatible servers at URLs someone else runs (never launched or killed)"),
+    ]

@@ -1,0 +1,48 @@
+"""``server``: our engine server (``python -m miles_engine.engines.http.server``) as processes the
+run launches on loopback and supervises: a process that dies or hangs is restarted with the
+trainer's current weights and version, and the requests it held are re-sent."""
+
+from __future__ import annotations
+
+import json
+from contextlib import AsyncExitStack
+from typing import Any
+
+from miles_engine.engines.fleet.config import EngineGroupConfig, ServerKindOptions
+from miles_engine.engines.fleet.kinds import FleetContext
+
+
+class ServerKind:
+    in_process = False
+    transports = ("broadcast", "disk_delta")
+
+    def __init__(self, options: ServerKindOptions) -> None:
+        self.options = options
+
+    def command(self, group: EngineGroupConfig, ctx: FleetContext, index: int) -> list[str]:
+        from miles_engine.engines.launch import server_command
+
+        o = self.options
+        engine_options = {"device": group.replica_device(index), "max_batch_size": o.max_batch_size,
+                          "prompt_cache_tokens": o.prompt_cache_tokens, "seed": ctx.seed + index}
+        return server_command(ctx.model_path(), engine_factory=o.engine_factory, dtype=group.dtype,
+                              threads=o.threads, extra=["--engine-options", json.dumps(engine_options)])
+
+    async def start(self, group: EngineGroupConfig, name: str, ctx: FleetContext, stack: AsyncExitStack) -> list[Any]:
+        import asyncio
+
+        from miles_engine.engines.supervisor import SupervisedEngine
+
+        o = self.options
+        engines = []
+        for i in range(group.replicas):
+            ename = f"{name}-{i}"
+            engines.append(SupervisedEngine(
+                self.command(group, ctx, i), name=ename, state_dir=ctx.state_dir / ename, env=ctx.env,
+                start_timeout_s=o.start_timeout_s, max_restarts=o.max_restarts,
+                health_interval_s=o.health_interval_s, max_request_retries=o.max_request_retries,
+                restore=ctx.restore))
+        for engine in engines:
+            stack.push_async_callback(engine.aclose)  # registered first: a failed start still stops the others
+        await asyncio.gather(*(e.start() for e in engines))
+        return engines

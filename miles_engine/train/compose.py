@@ -1,0 +1,238 @@
+"""The composition root: a recipe becomes a frozen set of components, torn down in reverse.
+
+    async with compose(cfg, run_dir, hub=hub) as parts:
+        run = TrainingRun(parts)
+        await drive(run)
+
+Every topology is decided here once, from the recipe: the engine groups (``engines``) behind
+the router, the weight transport that reaches them, where the trainer runs, the rollout mode.
+Each consumer (SFT warm start, OPD, the driver's run) is handed only what it uses.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from miles_engine.config.recipe import RecipeConfig
+from miles_engine.errors import ConfigError
+from miles_engine.hub import Hub, default_hub
+from miles_engine.sandbox.remote import RUN_ID_ENV
+from miles_engine.train import checkpoint, crash_points, resume
+from miles_engine.train.checkpoint_compat import check as check_resume
+from miles_engine.train.model_build import build_codec, build_policy
+from miles_engine.train.trainer_access import TrainerAccess
+
+
+@dataclass(frozen=True)
+class Components:
+    """What a training run is made of; built once by :func:`compose`, never rebuilt."""
+
+    cfg: RecipeConfig
+    run_dir: Path
+    hub: Hub
+    source: Any  # EnvironmentSource
+    tasks: Any  # TaskStream
+    codec: Any
+    tokenizer_sha: str
+    trainer: TrainerAccess
+    engines: Any  # Router over every engine group
+    server: Any  # the TITO session server in front of the router
+    transport: Any  # WeightTransport
+    buffer: Any  # AsyncBuffer
+    scheduler: Any
+    mode: Any  # RolloutMode
+    opd: Any  # OPDSetup | None
+    metrics: Any  # MetricsLogger
+    samples: Any  # SampleLog
+    resumed: checkpoint.Loaded | None
+
+
+class Teardown(AsyncExitStack):
+    """Tears down in reverse order; a failing step is reported and the rest still run, so a
+    teardown error never masks the error that ended the run."""
+
+    def push_async_callback(self, callback: Any, /, *args: Any, **kwds: Any) -> Any:
+        async def guarded() -> None:
+            try:
+                await callback(*args, **kwds)
+            except Exception as exc:  # noqa: BLE001 - reported, teardown continues
+                print(f"warning: teardown step {getattr(callback, '__qualname__', callback)} failed: "
+                      f"{type(exc).__name__}: {exc}")
+
+        return super().push_async_callback(guarded)
+
+    def callback(self, callback: Any, /, *args: Any, **kwds: Any) -> Any:
+        async def run() -> None:
+            callback(*args, **kwds)
+
+        return self.push_async_callback(run)
+
+
+def embedded_models(engines: Any) -> list[Any]:
+    """The in-process engines' models (OPD's student top-k scorer needs one)."""
+    return [s.engine.model for s in engines.slots if hasattr(s.engine, "model")]
+
+
+@contextlib.asynccontextmanager
+async def compose(cfg: RecipeConfig, run_dir: Path, *, hub: Hub | None = None,
+                  resume_run: bool = False) -> AsyncIterator[Components]:
+    hub = hub or default_hub()
+    async with Teardown() as stack:
+        yield await _build(cfg, run_dir, hub, resume_run, stack)
+
+
+async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, stack: AsyncExitStack) -> Components:
+    from miles_engine.environments.capabilities import close_environment
+    from miles_engine.metrics import MetricsLogger
+    from miles_engine.rollout.buffer import AsyncBuffer
+    from miles_engine.rollout.modes import validate_mode
+    from miles_engine.rollout.tasks import TaskStream
+
+    crash_points.check_env()
+    resumed = None
+    if resume_run:  # read and check it first: a bad checkpoint fails before anything starts
+        t0 = time.perf_counter()
+        resumed = await asyncio.to_thread(checkpoint.load_latest, run_dir)
+        resumed.load_s = time.perf_counter() - t0
+    cfg.trainer.check_group_size(cfg.rollout.group_size, "rollout.group_size")
+    if cfg.placement.colocated and cfg.trainer.parallel.world_size > 1:
+        raise ConfigError(f"placement.trainer=in_process runs one trainer in the driver process, but "
+                          f"trainer.parallel.world_size is {cfg.trainer.parallel.world_size}; use "
+                          f"placement.trainer=subprocess for FSDP2 ranks (or world_size 1)")
+    buffer = AsyncBuffer(cfg.buffer, on_reward_error=cfg.reward.on_error)
+    validate_mode(cfg.rollout.mode, colocated=cfg.placement.colocated, groups_per_step=cfg.rollout.groups_per_step,
+                  buffer=buffer)
+    metrics = MetricsLogger(run_dir, cfg.metrics, total_steps=cfg.run.steps, run_config=cfg.model_dump(mode="json"))
+    stack.callback(metrics.close)
+    source = hub.create("environment", cfg.environment.name, cfg.environment.options, where="environment.options")
+    stack.push_async_callback(close_environment, source)
+    # remote sandboxes carry the run name as their `miles.run` label: `miles sandbox sweep --run NAME`
+    os.environ.setdefault(RUN_ID_ENV, run_dir.name)
+    sandboxes = hub.create("sandbox", cfg.sandbox.backend, cfg.sandbox.options, where="sandbox.options")
+    stack.push_async_callback(sandboxes.aclose)
+    tasks = TaskStream(source, seed=cfg.rollout.task_seed)
+    _preflight_sandbox(cfg, source, tasks, sandboxes)
+    codec = build_codec(cfg, hub, source)
+    tokenizer_sha = resume.tokenizer_sha256(codec.tokenizer)
+    if resumed is not None:
+        check_resume(resumed.manifest, cfg.model_dump(mode="json"), tokenizer_sha, resumed.path)
+    policy = build_policy(cfg, codec)
+    trainer = await asyncio.to_thread(TrainerAccess.create, policy, cfg)
+    stack.push_async_callback(asyncio.to_thread, trainer.close)
+    engines = await _start_engines(cfg, hub, run_dir, policy, trainer, stack)
+    server = await _start_server(cfg, engines, codec, stack)
+    transport = await _start_transport(cfg, run_dir, engines, trainer, resumed, stack)
+    opd = _build_opd(cfg, hub, run_dir, codec, source, tasks, metrics, engines, stack)
+    scheduler, mode = _build_rollout(cfg, hub, run_dir, source, tasks, sandboxes, server, buffer, engines, opd,
+                                     resumed, stack)
+    samples = _sample_log(cfg, run_dir, codec, stack)
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    return Components(cfg=cfg, run_dir=run_dir, hub=hub, source=source, tasks=tasks, codec=codec,
+                      tokenizer_sha=tokenizer_sha, trainer=trainer, engines=engines, server=server,
+                      transport=transport, buffer=buffer, scheduler=scheduler, mode=mode, opd=opd, metrics=metrics,
+                      samples=samples, resumed=resumed)
+
+
+def _preflight_sandbox(cfg: RecipeConfig, source: Any, tasks: Any, sandboxes: Any) -> None:
+    """Refuse a backend that cannot isolate the tasks as asked, before anything trains."""
+    from miles_engine.environments.capabilities import preflight
+    from miles_engine.sandbox.protocol import check_supported
+
+    preflight(source, cfg.sandbox.backend, sandboxes)
+    task = source.load_task(tasks.refs[0].id)
+    spec = task.sandbox_spec()
+    if spec is not None:
+        check_supported(spec, sandboxes.capabilities(), backend=cfg.sandbox.backend, task=task.id)
+
+
+async def _start_engines(cfg: RecipeConfig, hub: Hub, run_dir: Path, policy: Any, trainer: TrainerAccess,
+                         stack: AsyncExitStack) -> Any:
+    from miles_engine.engines.fleet.build import check_transport, create_kinds, start_fleet
+    from miles_engine.engines.fleet.kinds import FleetContext
+
+    kinds = create_kinds(hub, cfg.engines)
+    check_transport(cfg.weights.transport, cfg.engines, kinds)
+    ctx = FleetContext(model=policy, state_dir=run_dir / "engines", seed=cfg.seed, restore=trainer.current_weights)
+    return await start_fleet(cfg.engines, kinds, ctx, stack, cfg.fleet)
+
+
+async def _start_server(cfg: RecipeConfig, engines: Any, codec: Any, stack: AsyncExitStack) -> Any:
+    from miles_engine.tito.client import close_pools
+    from miles_engine.tito.serve import start_session_server
+
+    server = await start_session_server(engines, codec, config=cfg.session_server)
+    stack.push_async_callback(server.stop)
+    stack.push_async_callback(close_pools)
+    return server
+
+
+async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Any, trainer: TrainerAccess,
+                           resumed: checkpoint.Loaded | None, stack: AsyncExitStack) -> Any:
+    from miles_engine.weights import create_transport
+
+    w = cfg.weights
+    options = ({**w.disk_delta.model_dump(), "root": w.disk_delta.root or str(run_dir / "weights")}
+               if w.transport == "disk_delta" else {})
+    transport = create_transport(w.transport, engines, check=w.check, **options)
+    stack.push_async_callback(transport.close)
+    if resumed is not None:  # disk_delta: drop the abandoned future
+        await transport.rewind(int(resumed.manifest["weight_version"]))
+    # disk_delta: what the trainer exports must match its baseline, before training
+    await transport.preflight(await trainer.named_tensors())
+    return transport
+
+
+def _build_opd(cfg: RecipeConfig, hub: Hub, run_dir: Path, codec: Any, source: Any, tasks: Any, metrics: Any,
+               engines: Any, stack: AsyncExitStack) -> Any:
+    from miles_engine.teachers.setup import OPDInputs, OPDSetup
+
+    inputs = OPDInputs(cfg=cfg, hub=hub, run_dir=run_dir, codec=codec, source=source, tasks=tasks, metrics=metrics,
+                       student_models=lambda: embedded_models(engines))
+    opd = OPDSetup.build(inputs)
+    if opd is not None:
+        stack.push_async_callback(opd.aclose)
+    return opd
+
+
+def _build_rollout(cfg: RecipeConfig, hub: Hub, run_dir: Path, source: Any, tasks: Any, sandboxes: Any, server: Any,
+                   buffer: Any, engines: Any, opd: Any, resumed: checkpoint.Loaded | None,
+                   stack: AsyncExitStack) -> tuple[Any, Any]:
+    from miles_engine.rewards.stack import build_reward_stack
+    from miles_engine.rollout.modes import create_mode
+    from miles_engine.rollout.scheduler import Scheduler
+    from miles_engine.train.episodes import EpisodeTrajectories
+
+    reward = build_reward_stack(hub, cfg.reward)
+    if reward is not None:
+        stack.push_async_callback(reward.aclose)
+
+    def make_agent() -> Any:
+        options = {**cfg.agent.options, "server_url": server.url}
+        return hub.create("agent", cfg.agent.name, options, where="agent.options")
+
+    run = EpisodeTrajectories(sandboxes, make_agent, source, reward, after=opd)
+    rollout = resumed.rollout if resumed is not None else checkpoint.RolloutState(cursor=0)
+    scheduler = Scheduler(tasks.iter_from(rollout.cursor), run, buffer, cfg.rollout,
+                          version_fn=lambda: engines.weight_version, first_position=rollout.cursor,
+                          requeue=resume.requeued_refs(tasks, rollout, run_dir))
+    mode = create_mode(cfg.rollout.mode, scheduler, groups_per_step=cfg.rollout.groups_per_step)
+    stack.push_async_callback(mode.stop)
+    return scheduler, mode
+
+
+def _sample_log(cfg: RecipeConfig, run_dir: Path, codec: Any, stack: AsyncExitStack) -> Any:
+    from miles_engine.metrics.samples import SampleLog
+
+    samples = SampleLog(run_dir, cfg.metrics.samples_per_step, codec.tokenizer.decode)
+    stack.push_async_callback(asyncio.to_thread, samples.close)
+    return samples

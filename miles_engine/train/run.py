@@ -1,0 +1,179 @@
+"""A training run's state and the small verbs the driver calls (warm start, push, next groups,
+train, checkpoint, log), over the components :func:`~miles_engine.train.compose.compose` built."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from miles_engine.errors import MilesError
+from miles_engine.rollout.types import Group
+from miles_engine.train import checkpoint, consumed, crash_points, resume
+from miles_engine.train.compose import Components
+from miles_engine.train.engine_metrics import EngineStepMetrics
+from miles_engine.train.group_metrics import group_metrics
+
+_UNPREFIXED = ("opd/", "tis/")  # trainer metrics the report reads under their own names
+
+
+class FleetDown(MilesError):
+    """No engine has been healthy for ``fleet.unhealthy_timeout_s``."""
+
+
+class TrainingRun:
+    def __init__(self, parts: Components) -> None:
+        self.parts = parts
+        self.cfg, self.run_dir = parts.cfg, parts.run_dir
+        self.mode = parts.mode
+        self.step = 0
+        self.current_step = 0  # the step in progress (crash points, weight publish)
+        self.stop_requested = False  # set by Ctrl-C: finish the current step, checkpoint, stop
+        self.started = time.monotonic()
+        self.timers: dict[str, float] = {}
+        self.saved_step: int | None = None  # the step of the newest checkpoint on disk
+        self.checkpoint_metrics: dict[str, float] = {}
+        self.last_push: Any = None
+        engines = [s.engine for s in parts.engines.slots]
+        self.engine_metrics = EngineStepMetrics(engines[0] if len(engines) == 1 else parts.engines)
+        self._unhealthy_since: float | None = None
+
+    async def restore(self) -> TrainingRun:
+        """Trainer (model, optimizer, schedule, weight version), buffered groups, RNGs, step; the
+        initial push then brings the engines to these weights under this version."""
+        loaded = self.parts.resumed
+        if loaded is None:
+            return self
+        t0 = time.perf_counter()
+        await self.parts.trainer.load_state_dict(loaded.trainer_state)
+        loaded.trainer_state = {}  # free it
+        self.parts.buffer.restore(loaded.rollout.buffered)
+        consumed.truncate_after(self.run_dir, loaded.step)
+        checkpoint.set_rng_states(loaded.rng)
+        self.step = self.current_step = self.saved_step = loaded.step
+        self.checkpoint_metrics["checkpoint/restore_s"] = time.perf_counter() - t0 + getattr(loaded, "load_s", 0.0)
+        print(f"resumed from {loaded.path}: step {loaded.step}, weight version {self.version}, data cursor "
+              f"{loaded.rollout.cursor}, {len(loaded.rollout.buffered)} buffered group(s) restored, "
+              f"{len(loaded.rollout.requeued)} running group(s) requeued")
+        return self
+
+    @property
+    def version(self) -> int:
+        return self.parts.trainer.weight_version
+
+    def steps(self) -> range:
+        return range(self.step + 1, self.cfg.run.steps + 1)
+
+    def should_stop(self) -> bool:
+        limit = self.cfg.run.max_minutes
+        return self.stop_requested or (limit is not None and time.monotonic() - self.started > limit * 60)
+
+    async def warm_start(self) -> None:
+        from miles_engine.train.sft import SFTInputs, run_sft
+
+        if self.parts.opd is not None:
+            await self.parts.opd.prepare(stop=lambda: self.stop_requested)
+        if self.cfg.sft.enabled and self.parts.resumed is None:
+            p = self.parts
+            await run_sft(SFTInputs(cfg=self.cfg, trainer=p.trainer, codec=p.codec, source=p.source,
+                                    metrics=p.metrics, stop=lambda: self.stop_requested))
+
+    async def push_weights(self) -> int:
+        t0 = time.perf_counter()
+        tensors = await self.parts.trainer.named_tensors()
+        crash_points.crash_point("weight_publish", self.current_step)
+        self.last_push = await self.parts.transport.push(tensors, self.version)
+        self.timers["push"] = time.perf_counter() - t0
+        return self.last_push.version
+
+    async def next_groups(self, step: int) -> list[Group]:
+        self.current_step = step
+        crash_points.crash_point("generation", step)
+        t0 = time.perf_counter()
+        get = asyncio.ensure_future(self.parts.buffer.get(self.cfg.rollout.groups_per_step, self.version))
+        try:
+            while not get.done():  # the fleet is watched while the step waits for its groups
+                await asyncio.wait([get], timeout=1.0)
+                self._check_fleet()
+        finally:
+            get.cancel()
+        groups = get.result()
+        if self.parts.opd is not None:
+            self.parts.opd.check()  # a sample no teacher route covers stops the run
+        self.timers["wait"] = time.perf_counter() - t0
+        return groups
+
+    def _check_fleet(self) -> None:
+        healthy = any(s.healthy for s in self.parts.engines.slots)
+        now = time.monotonic()
+        if healthy:
+            self._unhealthy_since = None
+            return
+        self._unhealthy_since = self._unhealthy_since or now
+        limit = self.cfg.fleet.unhealthy_timeout_s
+        if now - self._unhealthy_since > limit:
+            raise FleetDown(f"no engine has been healthy for {limit:.0f}s (fleet.unhealthy_timeout_s): "
+                            + "; ".join(f"{s.name}: {s.last_error}" for s in self.parts.engines.slots))
+
+    async def train(self, step: int, groups: list[Group]) -> dict[str, float]:
+        crash_points.crash_point("train_step", step)
+        t0 = time.perf_counter()
+        metrics = await self.parts.trainer.train_step(groups)
+        self.timers["train"] = time.perf_counter() - t0
+        await asyncio.to_thread(consumed.append, self.run_dir, step, self.version, [g.group_id for g in groups])
+        return metrics
+
+    async def maybe_checkpoint(self, step: int, *, final: bool = False) -> None:
+        """Every ``run.checkpoint_every`` steps (step 0 included: resumable from the first RL
+        step) and at the end; never twice for one step."""
+        every = self.cfg.run.checkpoint_every
+        if self.saved_step == step or not (final or (every and step % every == 0)):
+            return
+        p = self.parts
+        t0 = time.perf_counter()
+        # taken now, on the event loop, so the buffer and the running groups are one consistent cut
+        rollout = checkpoint.RolloutState(p.scheduler.next_position, p.buffer.snapshot(), p.scheduler.unfinished())
+        rng = checkpoint.rng_states()
+        state = await p.trainer.state_dict()
+        t1 = time.perf_counter()
+        info = resume.manifest_info(self.cfg.model_dump(mode="json"), p.tokenizer_sha, self.version, rollout)
+        path = await asyncio.to_thread(checkpoint.save, self.run_dir, step=step, trainer_state=state, rollout=rollout,
+                                       rng=rng, manifest=info, keep=self.cfg.run.checkpoint_keep)
+        self.saved_step = step
+        self.checkpoint_metrics.update({"checkpoint/write_s": time.perf_counter() - t0,
+                                        "checkpoint/state_s": t1 - t0,
+                                        "checkpoint/bytes": float(sum(f.stat().st_size for f in path.iterdir()))})
+
+    def log(self, step: int, groups: list[Group], train_metrics: dict[str, float]) -> None:
+        p = self.parts
+        self.step = step
+        metrics = {**group_metrics(groups),
+                   **{k if k.startswith(_UNPREFIXED) else f"train/{k}": v for k, v in train_metrics.items()}}
+        metrics.update(p.buffer.metrics(self.version))
+        metrics.update(p.scheduler.metrics())
+        metrics.update(self.mode.metrics())
+        metrics.update(self.last_push.metrics())
+        metrics.update(self.engine_metrics.metrics())
+        fleet_metrics = getattr(p.engines, "metrics", None)
+        if callable(fleet_metrics):
+            metrics.update(fleet_metrics())
+        metrics.update({f"time/{k}": v for k, v in self.timers.items()})
+        metrics.update(self.checkpoint_metrics)
+        self.checkpoint_metrics = {}
+        metrics["time/elapsed"] = time.monotonic() - self.started
+        p.metrics.log(step, metrics)
+        p.samples.write(step, self.version, groups)
+
+
+async def run_recipe(cfg: Any, run_dir: Any, *, hub: Any = None, resume: bool = False,
+                     on_start: Any = None) -> int:
+    """Compose the recipe's components, run the driver, tear everything down; the last step.
+    ``on_start(run)`` sees the run before its first step (signal handlers, tests)."""
+    from miles_engine.train.compose import compose
+    from miles_engine.train.driver import train
+
+    async with compose(cfg, run_dir, hub=hub, resume_run=resume) as parts:
+        run = await TrainingRun(parts).restore()
+        if on_start is not None:
+            on_start(run)
+        return await train(run)

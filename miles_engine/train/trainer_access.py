@@ -1,0 +1,64 @@
+"""The trainer as the run's components see it: one call at a time, off the event loop.
+
+The driver trains and pushes in turn, but an engine restarted mid-step asks for the current
+weights at any moment; a trainer whose ranks sit behind pipes (FSDP2) must not see two calls
+interleaved, so every call holds one lock and runs in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from miles_engine.config.recipe import RecipeConfig
+
+
+class TrainerAccess:
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self._lock = threading.Lock()
+
+    @classmethod
+    def create(cls, policy: Any, cfg: RecipeConfig) -> TrainerAccess:
+        """``placement.trainer`` decides where it runs, ``trainer.parallel.world_size`` how many ranks."""
+        from miles_engine.trainer.distributed import FSDPTrainer
+        from miles_engine.trainer.torch_trainer import TorchTrainer
+
+        if cfg.placement.trainer == "subprocess":
+            return cls(FSDPTrainer(policy, cfg.trainer))
+        return cls(TorchTrainer(policy, cfg.trainer))
+
+    def _locked(self, fn: Any, *args: Any) -> Any:
+        with self._lock:
+            return fn(*args)
+
+    async def _call(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.to_thread(self._locked, fn, *args)
+
+    @property
+    def weight_version(self) -> int:
+        return int(self.backend.weight_version)
+
+    async def train_step(self, groups: Sequence[Any]) -> dict[str, float]:
+        return await self._call(self.backend.train_step, groups)
+
+    async def sft_step(self, batch: Sequence[Any]) -> dict[str, float]:
+        return await self._call(self.backend.sft_step, batch)
+
+    async def named_tensors(self) -> list[tuple[str, Any]]:
+        return await self._call(lambda: list(self.backend.named_tensors()))
+
+    async def current_weights(self) -> tuple[dict[str, Any], int]:
+        """The weights and version an engine (re)started now must serve."""
+        return await self._call(lambda: (dict(self.backend.named_tensors()), int(self.backend.weight_version)))
+
+    async def state_dict(self) -> dict[str, Any]:
+        return await self._call(self.backend.state_dict)
+
+    async def load_state_dict(self, state: dict[str, Any]) -> None:
+        await self._call(self.backend.load_state_dict, state)
+
+    def close(self) -> None:
+        self._locked(self.backend.close)
