@@ -9,8 +9,20 @@ supervised engine processes); it is itself a RolloutEngine.
   sessions, then fewest requests placed so far.
 - **Health quarantine**: an engine whose ``health()`` fails ``fail_threshold`` periodic checks,
   or whose ``generate`` raises :class:`EngineUnavailable`, gets no new work; its sessions move on
-  their next turn. After ``readmit_after`` good checks it is re-admitted, first brought to the
-  router's weight version (re-pushing the last weights) and pause state.
+  their next turn (a request whose engine became unavailable is re-sent to another admitted
+  engine, up to ``retry_unavailable`` times). After ``readmit_after`` good checks it is
+  re-admitted, first brought to the current weights (``restore``: an async callable returning
+  ``(named tensors, version)``, e.g. the trainer's; else the weights last pushed through the
+  router) when the version it reports differs, and to the pause state. The router never
+  starts, restarts or kills an engine: fit for ``external`` servers; a
+  :class:`~miles_engine.engines.supervisor.SupervisedEngine` restarts itself.
+- **Fleet health**: :attr:`no_healthy_since` is when the last admitted engine was quarantined
+  (None while one is admitted); :meth:`raise_if_unhealthy_for` turns a long outage into one
+  :class:`NoHealthyEngine` error naming every engine's last error.
+- **Metrics** per step (:meth:`metrics`): ``engines/<name>/{inflight, requests, output_tokens,
+  tokens_per_s, failures, restarts, quarantined, weight_version}`` and the totals
+  ``engines/{healthy, quarantined, restarts, requests, tokens_per_s}``; counts are since the
+  previous call, ``restarts`` is the engine's running total (SupervisedEngine.restarts).
 - **Fan-out**: pause / resume / update_weights go to every admitted engine; ``weight_version``
   is the minimum over admitted engines (they agree unless an update is in progress).
 """
@@ -20,8 +32,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +43,12 @@ from miles_engine.engines.errors import EngineUnavailable
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, RolloutEngine, TensorMeta
 
 log = logging.getLogger(__name__)
+
+Restore = Callable[[], Awaitable[tuple[Mapping[str, Any], int]]]
+
+
+class NoHealthyEngine(EngineUnavailable):
+    """No engine behind the router has been healthy for longer than the run tolerates."""
 
 
 @dataclass
@@ -43,6 +62,10 @@ class EngineSlot:
     ok_streak: int = 0
     fail_streak: int = 0
     last_error: str | None = None
+    requests: int = 0  # completed, running totals (metrics() reports the change since its last call)
+    output_tokens: int = 0
+    failures: int = 0
+    reported: tuple[int, int, int] = (0, 0, 0)  # (requests, output_tokens, failures) at the last metrics()
 
     @property
     def inflight_tokens(self) -> int:
@@ -52,7 +75,8 @@ class EngineSlot:
 class Router:
     def __init__(self, engines: Sequence[RolloutEngine] | Mapping[str, RolloutEngine], *,
                  health_interval_s: float = 2.0, health_timeout_s: float = 5.0, fail_threshold: int = 2,
-                 readmit_after: int = 2, max_sessions: int = 100_000) -> None:
+                 readmit_after: int = 2, max_sessions: int = 100_000, restore: Restore | None = None,
+                 retry_unavailable: int = 1) -> None:
         items = engines.items() if isinstance(engines, Mapping) else ((getattr(e, "name", f"engine{i}"), e)
                                                                       for i, e in enumerate(engines))
         self.slots = [EngineSlot(str(n), e) for n, e in items]
@@ -65,6 +89,10 @@ class Router:
         self.fail_threshold = fail_threshold
         self.readmit_after = readmit_after
         self.max_sessions = max_sessions
+        self.restore = restore
+        self.retry_unavailable = retry_unavailable
+        self.no_healthy_since: float | None = None  # time.monotonic() when the last admitted engine left
+        self._metrics_at = time.monotonic()
         self._affinity: OrderedDict[str, EngineSlot] = OrderedDict()
         self._rid_slot: dict[str, EngineSlot] = {}
         self._version = min(s.engine.weight_version for s in self.slots)
@@ -109,8 +137,7 @@ class Router:
             self._unpin(session_id)  # its engine is quarantined: the session moves (prefix lost)
         admitted = self._admitted()
         if not admitted:
-            raise EngineUnavailable("no healthy engine behind the router: "
-                                    + "; ".join(f"{s.name}: {s.last_error}" for s in self.slots))
+            raise EngineUnavailable(f"no healthy engine behind the router: {self._errors()}")
         slot = min(admitted, key=lambda s: (s.inflight_tokens, s.sessions, s.placed))
         if session_id is not None:
             self._affinity[session_id] = slot
@@ -128,26 +155,50 @@ class Router:
         return slot.name if slot else None
 
     async def generate(self, request: GenerateRequest) -> GenerateResult:
-        slot = self.pick(request.session_id)
-        slot.inflight[request.request_id] = len(request.input_ids) + request.sampling.max_new_tokens
-        slot.placed += 1
-        self._rid_slot[request.request_id] = slot
-        try:
-            result = await slot.engine.generate(request)
-        except EngineUnavailable as exc:
-            self._quarantine(slot, str(exc))
-            raise
-        finally:
-            slot.inflight.pop(request.request_id, None)
-            self._rid_slot.pop(request.request_id, None)
-        result.info.setdefault("engine", slot.name)
-        return result
+        for attempt in range(self.retry_unavailable + 1):
+            slot = self.pick(request.session_id)
+            slot.inflight[request.request_id] = len(request.input_ids) + request.sampling.max_new_tokens
+            slot.placed += 1
+            self._rid_slot[request.request_id] = slot
+            try:
+                result = await slot.engine.generate(request)
+            except EngineUnavailable as exc:
+                slot.failures += 1
+                self._quarantine(slot, str(exc))
+                if attempt >= self.retry_unavailable or not self._admitted():
+                    raise
+                log.warning("router: %s lost request %s (%s); re-sending it elsewhere", slot.name,
+                            request.request_id, exc)
+                continue
+            finally:
+                slot.inflight.pop(request.request_id, None)
+                self._rid_slot.pop(request.request_id, None)
+            slot.requests += 1
+            slot.output_tokens += len(result.output_ids)
+            result.info.setdefault("engine", slot.name)
+            if attempt:
+                result.info["router_retries"] = attempt
+            return result
+        raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ health
     def _quarantine(self, slot: EngineSlot, reason: str) -> None:
         if slot.healthy:
             log.warning("router: quarantining %s: %s", slot.name, reason)
         slot.healthy, slot.ok_streak, slot.last_error = False, 0, reason
+        if self.no_healthy_since is None and not self._admitted():
+            self.no_healthy_since = time.monotonic()
+            log.error("router: no healthy engine left (%s)", self._errors())
+
+    def _errors(self) -> str:
+        return "; ".join(f"{s.name}: {s.last_error}" for s in self.slots)
+
+    def raise_if_unhealthy_for(self, seconds: float) -> None:
+        """Raise :class:`NoHealthyEngine` when no engine has been admitted for over ``seconds``."""
+        since = self.no_healthy_since
+        if since is not None and time.monotonic() - since > seconds:
+            raise NoHealthyEngine(f"no engine behind the router has been healthy for "
+                                  f"{time.monotonic() - since:.0f}s (limit {seconds:g}s): {self._errors()}")
 
     async def _probe(self, slot: EngineSlot) -> bool:
         try:
@@ -172,13 +223,21 @@ class Router:
                 slot.ok_streak = 0
 
     async def _readmit(self, slot: EngineSlot) -> None:
+        from miles_engine.weights.protocol import engine_version
+
         async with self._admin:
             try:
-                if slot.engine.weight_version != self._version:
-                    if self._last_weights is None:
-                        raise ValueError(f"at version {slot.engine.weight_version}, router at {self._version}, "
-                                         f"and no weights to re-push")
-                    await slot.engine.update_weights(self._last_weights, version=self._version)
+                current = await engine_version(slot.engine)  # asked, not a client's cache: it may have restarted
+                target = self._current_version()
+                if current != target:
+                    if self.restore is not None:
+                        tensors, target = await self.restore()
+                        await slot.engine.update_weights(tensors, version=int(target))
+                    elif self._last_weights is not None and target == self._version:
+                        await slot.engine.update_weights(self._last_weights, version=self._version)
+                    else:
+                        raise ValueError(f"at version {current}, the fleet at {target}, and no restore callback "
+                                         f"or weights to re-push")
                 if self._paused is not None:
                     await slot.engine.pause(self._paused)
             except Exception as exc:  # noqa: BLE001 - stays quarantined, retried next round
@@ -186,7 +245,13 @@ class Router:
                 log.warning("router: cannot readmit %s: %s", slot.name, exc)
                 return
             slot.healthy, slot.fail_streak, slot.last_error = True, 0, None
+            self.no_healthy_since = None
             log.info("router: readmitted %s", slot.name)
+
+    def _current_version(self) -> int:
+        """The fleet's version: what was pushed through the router, or what admitted engines serve
+        (a transport pushing to the engines directly moves them, not the router)."""
+        return max([self._version, *(s.engine.weight_version for s in self._admitted())])
 
     async def _health_loop(self) -> None:
         while True:
@@ -245,6 +310,33 @@ class Router:
 
     async def health(self) -> bool:
         return any(s.healthy for s in self.slots)
+
+    def metrics(self, prefix: str = "engines") -> dict[str, float]:
+        """Flat per-engine figures since the previous call (see the module docstring)."""
+        now = time.monotonic()
+        elapsed = max(now - self._metrics_at, 1e-9)
+        self._metrics_at = now
+        out: dict[str, float] = {}
+        total_requests = total_tokens = total_restarts = 0
+        for s in self.slots:
+            requests, tokens, failures = (a - b for a, b in zip((s.requests, s.output_tokens, s.failures),
+                                                                 s.reported))
+            s.reported = (s.requests, s.output_tokens, s.failures)
+            restarts = int(getattr(s.engine, "restarts", 0) or 0)
+            key = f"{prefix}/{s.name}"
+            out.update({f"{key}/inflight": float(len(s.inflight)), f"{key}/requests": float(requests),
+                        f"{key}/output_tokens": float(tokens), f"{key}/tokens_per_s": tokens / elapsed,
+                        f"{key}/failures": float(failures), f"{key}/restarts": float(restarts),
+                        f"{key}/quarantined": 0.0 if s.healthy else 1.0,
+                        f"{key}/weight_version": float(s.engine.weight_version)})
+            total_requests += requests
+            total_tokens += tokens
+            total_restarts += restarts
+        healthy = len(self._admitted())
+        out.update({f"{prefix}/healthy": float(healthy), f"{prefix}/quarantined": float(len(self.slots) - healthy),
+                    f"{prefix}/restarts": float(total_restarts), f"{prefix}/requests": float(total_requests),
+                    f"{prefix}/tokens_per_s": total_tokens / elapsed})
+        return out
 
     def stats(self) -> list[dict[str, Any]]:
         return [{"engine": s.name, "healthy": s.healthy, "inflight_tokens": s.inflight_tokens,

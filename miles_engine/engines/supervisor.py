@@ -4,9 +4,21 @@
 - **Detect**: a monitor polls the process (and ``/health`` every ``health_interval_s``); a
   ``generate`` whose connection drops also triggers a check.
 - **Restart** in a fresh process group, then **re-apply the current weights at the same
-  version** (the last pushed weights are kept: in-memory pushes are written to
-  ``state_dir/weights_vNNNNNN/model.safetensors``; a pushed directory is remembered by path and
-  must stay until the next push) and the pause state.
+  version**, whatever transport pushed them, and the pause state:
+
+  * with ``restore`` (an async callable returning ``(named tensors, version)``, typically the
+    trainer's current weights): they are loaded over ``update_weights`` at that version;
+  * else, when the last push was a disk_delta sync: the engine re-syncs from the publish root
+    (``resync``: baseline, or its local copy, replayed to the version, loaded in full);
+  * else the snapshot of what went through :meth:`update_weights` (in-memory pushes are merged
+    into ``state_dir/weights_vNNNNNN/model.safetensors``; a pushed directory is remembered by path
+    and must stay until the next push), at *its* version: after a broadcast push without
+    ``restore`` that is an older version, reported as such (never new weights' version on old
+    weights).
+
+  :attr:`generation` counts process starts (1 after :meth:`start`), :attr:`restarts` the
+  successful restarts. The weight-sync calls of :class:`HttpEngine` are delegated to the live
+  process (:mod:`.supervised_sync`).
 - **Retry in-flight requests**: a ``generate`` that lost its engine waits for the restart and
   re-sends the *original* request (same prompt, session and sampling params, seed included;
   on the wire its rid gets a ``~retryN`` suffix, the result carries the original id). The regenerated
@@ -29,24 +41,29 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from miles_engine.engines.errors import EngineCrashLoop, EngineUnavailable
 from miles_engine.engines.http.client import HttpEngine
 from miles_engine.engines.launch import ServerProcess
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TensorMeta
+from miles_engine.engines.supervised_sync import WeightSyncDelegation
 
 log = logging.getLogger(__name__)
 
+Restore = Callable[[], Awaitable[tuple[Mapping[str, Any], int]]]
 
-class SupervisedEngine:
+
+class SupervisedEngine(WeightSyncDelegation):
     def __init__(self, command: Sequence[str], *, name: str = "engine", state_dir: str | Path | None = None,
                  start_timeout_s: float = 120.0, max_restarts: int = 5, backoff_base_s: float = 0.5,
                  backoff_max_s: float = 30.0, stable_after_s: float = 60.0, monitor_interval_s: float = 0.2,
                  health_interval_s: float = 5.0, health_failures: int = 3, max_request_retries: int = 3,
                  env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-                 client_kwargs: Mapping[str, Any] | None = None) -> None:
+                 client_kwargs: Mapping[str, Any] | None = None, restore: Restore | None = None) -> None:
         self.name = name
+        self.restore = restore
         self._own_state = state_dir is None
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix=f"miles-{name}-"))
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -70,8 +87,13 @@ class SupervisedEngine:
         self._monitor_task: asyncio.Task[None] | None = None
         self._closing = False
         self._version = 0
-        self._weights: Path | None = None
+        self._weights: Path | None = None  # the update_weights snapshot ...
+        self._weights_version = 0  # ... and the version it holds
         self._owned_weights: Path | None = None
+        self._source = "initial"  # what pushed the current weights: initial, update_weights, broadcast, disk_delta
+        self._delta_sync: dict[str, Any] | None = None  # the last disk_delta sync call (re-sent after a restart)
+        self._metadata: list[TensorMeta] = []
+        self._miles = False
         self._paused: PauseMode | None = None
         self._aborts: dict[str, asyncio.Event] = {}  # in-flight request id -> set when the caller aborts it
         self._wire_rids: dict[str, str] = {}  # request id -> the rid of its current attempt on the server
@@ -90,8 +112,8 @@ class SupervisedEngine:
         client = HttpEngine(self.process.url, name=self.name, **self.client_kwargs)
         try:
             await client.connect()
-            if self._weights is not None:
-                await client.update_weights(self._weights, version=self._version)
+            if self._generation:  # a restart: bring the new process to the current weights
+                self._version = await self._reapply(client)
             if self._paused is not None:
                 await client.pause(self._paused)
         except BaseException:
@@ -99,7 +121,31 @@ class SupervisedEngine:
             self.process.kill()
             raise
         self.client, self._up_since = client, time.monotonic()
+        self._metadata, self._miles = client.weight_metadata(), client.is_miles_server
         self._generation += 1
+
+    async def _reapply(self, client: HttpEngine) -> int:
+        """Load the current weights into a restarted process; returns the version it serves."""
+        if self.restore is not None:
+            tensors, version = await self.restore()
+            return await client.update_weights(tensors, version=int(version))
+        if self._source == "disk_delta" and self._delta_sync is not None:
+            answer = await client.update_weights_from_disk_delta(**{**self._delta_sync, "resync": True})
+            return int(answer["weight_version"])
+        if self._weights is not None:
+            if self._source != "update_weights":
+                log.warning("%s: restarted without a restore callback after a %s push: it serves its last "
+                            "update_weights snapshot, version %d", self.name, self._source, self._weights_version)
+            return await client.update_weights(self._weights, version=self._weights_version)
+        if self._source != "initial":
+            log.warning("%s: restarted without a restore callback after a %s push: it serves its initial "
+                        "weights, version %d", self.name, self._source, client.weight_version)
+        return client.weight_version
+
+    @property
+    def generation(self) -> int:
+        """Process starts so far (1 after :meth:`start`); changes on every restart."""
+        return self._generation
 
     async def aclose(self) -> None:
         self._closing = True
@@ -258,13 +304,14 @@ class SupervisedEngine:
 
     async def update_weights(self, weights: Mapping[str, Any] | Path, *, version: int | None = None) -> int:
         target = self._version + 1 if version is None else int(version)
-        previous = (self._weights, self._owned_weights, self._version)
+        previous = (self._weights, self._owned_weights, self._weights_version, self._version, self._source)
         if isinstance(weights, (str, Path)):
             path, owned = Path(weights), None
         else:
-            path = owned = self._save(weights, target)
+            path = owned = await asyncio.to_thread(self._save, weights, target)
         # Recorded first: a restart from here on re-applies these weights at this version.
-        self._weights, self._owned_weights, self._version = path, owned, target
+        self._weights, self._owned_weights, self._weights_version = path, owned, target
+        self._version, self._source = target, "update_weights"
         try:
             for _ in range(self.max_request_retries + 1):
                 client = await self._live()
@@ -280,7 +327,7 @@ class SupervisedEngine:
             else:
                 raise EngineUnavailable(f"{self.name}: could not push weights v{target}")
         except Exception:
-            self._weights, self._owned_weights, self._version = previous
+            self._weights, self._owned_weights, self._weights_version, self._version, self._source = previous
             if owned is not None:
                 shutil.rmtree(owned, ignore_errors=True)
             raise
@@ -289,19 +336,25 @@ class SupervisedEngine:
         return target
 
     def _save(self, weights: Mapping[str, Any], version: int) -> Path:
-        from safetensors.torch import save_file
+        """Write the snapshot of ``version``: a partial push is merged into the previous snapshot."""
+        from safetensors.torch import load_file, save_file
 
+        named = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
+        if self._weights is not None and self._metadata and set(named) != {m.name for m in self._metadata}:
+            prev = self._weights / "model.safetensors"
+            if prev.is_file():
+                named = {**load_file(str(prev)), **named}
         final = self.state_dir / f"weights_v{version:06d}"
         tmp = self.state_dir / f".tmp_weights_v{version:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        save_file({k: v.detach().cpu().contiguous() for k, v in weights.items()}, str(tmp / "model.safetensors"))
+        save_file(named, str(tmp / "model.safetensors"))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         return final
 
     def weight_metadata(self) -> list[TensorMeta]:
-        return self.client.weight_metadata() if self.client is not None else []
+        return list(self._metadata)
 
     async def health(self) -> bool:
         if self._failed is not None or not self._ready.is_set() or self.client is None:

@@ -229,18 +229,22 @@ class HttpEngine:
     async def update_weights_from_disk_delta(self, publish_root: str, version: int, *, engine: str,
                                              local_dir: str | None = None, snapshot_every: int = 1,
                                              pause_mode: PauseMode = "retract",
-                                             pull_timeout_s: float = 60.0) -> dict[str, Any]:
+                                             pull_timeout_s: float = 60.0, resync: bool = False) -> dict[str, Any]:
         """Our server only (not SGLang's): the engine pulls the disk_delta versions it lacks from
         ``publish_root`` (as mounted on its host), verifies, loads ``version``; returns its answer
         (``stats``: pull/apply/pause seconds, wire bytes). A refusal raises the matching
         :mod:`miles_engine.weights.disk_delta.errors` class naming this engine's URL; the engine
         keeps its old weights. Retried on transport errors: a second call for a version the engine
-        already holds changes nothing."""
+        already holds changes nothing. ``resync``: the engine may have been restarted or loaded other
+        weights since its last sync; if its disk_delta copy does not match what it serves, it rebuilds
+        the copy (baseline or local copy, replayed) and loads ``version`` in full."""
         from miles_engine.weights.disk_delta.errors import remote_sync_error
 
         body = {"publish_root": str(publish_root), "version": int(version), "engine": engine,
                 "local_dir": local_dir, "snapshot_every": int(snapshot_every), "pause_mode": pause_mode,
                 "pull_timeout_s": float(pull_timeout_s)}
+        if resync:
+            body["resync"] = True
         resp = await self._call("POST", "/update_weights_from_disk_delta", json=body, kind="update")
         try:
             data = resp.json()

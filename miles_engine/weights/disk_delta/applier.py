@@ -48,6 +48,7 @@ class DeltaApplier:
         self.state: dict[str, np.ndarray] = {}
         self.held: int | None = None
         self.baseline: VersionIndex | None = None
+        self.reload = False  # the engine does not serve `state`: the next sync loads every tensor
         self._lock = asyncio.Lock()
         self._zstd = codec.Zstd(options.compression_level)
 
@@ -92,24 +93,29 @@ class DeltaApplier:
             if self.held is None:
                 raise DiskDeltaError(f"engine {self.name}: attach() before sync()")
             stats = ApplyStats(version=target)
-            if target == self.held:
+            if target == self.held and not self.reload:
                 return stats
             current = await engine_version(self.engine)
-            if current != self.held:
+            if current != self.held and not self.reload:
                 raise LineageError(f"engine {self.name} reports weight version {current}, but its disk_delta copy "
                                    f"holds {self.held}: something else changed its weights; refusing to patch")
-            await self._wait_complete(target)
-            t0 = time.perf_counter()
-            overlay, pulled = await asyncio.to_thread(self._prepare, self.held, target)
-            stats.pull_s = sum(p.pull_s for p in pulled)
-            stats.apply_s = time.perf_counter() - t0 - stats.pull_s
-            stats.versions = len(pulled)
-            stats.tensors = len(overlay)
-            stats.wire_bytes = sum(p.wire_bytes for p in pulled) + sum(
-                (version_dir(self.root, p.index.version) / INDEX).stat().st_size for p in pulled)
-            # a version that changed nothing still moves the version: reload one unchanged tensor
-            names = list(overlay) or [next(iter(self.state))]
-            stats.pause_s = await self._activate(names, overlay or self.state, target)
+            overlay: dict[str, np.ndarray] = {}
+            if target != self.held:
+                await self._wait_complete(target)
+                t0 = time.perf_counter()
+                overlay, pulled = await asyncio.to_thread(self._prepare, self.held, target)
+                stats.pull_s = sum(p.pull_s for p in pulled)
+                stats.apply_s = time.perf_counter() - t0 - stats.pull_s
+                stats.versions = len(pulled)
+                stats.tensors = len(overlay)
+                stats.wire_bytes = sum(p.wire_bytes for p in pulled) + sum(
+                    (version_dir(self.root, p.index.version) / INDEX).stat().st_size for p in pulled)
+            if self.reload:  # a restarted (or otherwise reloaded) engine: load the whole version
+                names, source = list(self.state), {**self.state, **overlay}
+            else:  # a version that changed nothing still moves the version: reload one unchanged tensor
+                names, source = list(overlay) or [next(iter(self.state))], overlay or self.state
+            stats.pause_s = await self._activate(names, source, target)
+            self.reload = False
             self.state.update(overlay)
             self.held = target
             await self._loaded(target)

@@ -59,10 +59,13 @@ class DeltaSyncRequest(BaseModel):
     snapshot_every: int = Field(1, ge=1)
     pause_mode: Literal["abort", "retract", "in_place"] = "retract"
     pull_timeout_s: float = Field(60.0, gt=0)
+    resync: bool = Field(False, description="the engine may have restarted or loaded other weights: if its copy "
+                         "does not match what it serves, rebuild the copy and load the version in full")
 
 
 def _engine_applier_class() -> type:
     """Defined lazily: the applier imports numpy, the server must start without it."""
+    from miles_engine.weights.disk_delta import baseline as baseline_mod
     from miles_engine.weights.disk_delta.applier import ApplyStats, DeltaApplier
     from miles_engine.weights.disk_delta.errors import LineageError
     from miles_engine.weights.disk_delta.layout import read_index
@@ -103,6 +106,25 @@ def _engine_applier_class() -> type:
             write_lease(self.root, self.name, restored.version)
             log.info("disk_delta: engine %s resumed from its local copy of version %d (%.2fs)", self.name,
                      restored.version, restored.load_s)
+
+        async def attach_for_resync(self) -> None:
+            """Rebuild the copy (local copy, else baseline) without loading it: the engine serves
+            something else (a restarted process, restored weights); the next sync loads in full."""
+            import torch
+
+            self.baseline = read_index(self.root, 0)
+            restored = None if self.store is None else await asyncio.to_thread(self.store.load, self.root,
+                                                                               self.baseline)
+            if restored is not None:
+                self.state, self.held = restored.state, restored.version
+                self.attached_from = {"source": "local_copy", "version": restored.version}
+            else:
+                self.state, self.held = await asyncio.to_thread(baseline_mod.load, self.root, self.baseline), 0
+                self.attached_from = {"source": "baseline", "version": 0}
+            self._dtypes = {n: getattr(torch, e.dtype) for n, e in self.baseline.tensors.items()}
+            self.reload = True
+            log.info("disk_delta: engine %s re-attached from its %s (version %d) to resync", self.name,
+                     self.attached_from["source"], self.held)
 
         async def _activate(self, names: list[str], source: dict[str, Any], version: int) -> float:
             async with self.update_lock:  # no other weight update or read-back interleaves with the load
@@ -162,14 +184,21 @@ class DiskDeltaHost:
         applier = _engine_applier_class()(self.engine, root, options, name=req.engine, update_lock=self.update_lock,
                                           store=store, snapshot_every=req.snapshot_every)
         try:
-            await applier.attach()
+            await (applier.attach_for_resync() if req.resync else applier.attach())
         except BaseException:
             applier.close()
             raise
         self.applier, self.attached = applier, req
 
     async def sync(self, req: DeltaSyncRequest) -> dict[str, Any]:
+        from miles_engine.weights.protocol import engine_version
+
         async with self._lock:
+            if self.applier is not None and req.resync and self.applier.held != await engine_version(self.engine):
+                log.warning("disk_delta: engine serves version %s, its copy holds %s: resyncing",
+                            self.engine.weight_version, self.applier.held)
+                self.applier.close()
+                self.applier = None
             if self.applier is None:
                 await self._attach(req)
             else:

@@ -44,7 +44,10 @@ class RemoteDeltaSync:
         o = self.options
         answer = await self.engine.update_weights_from_disk_delta(
             self.publish_root, target, engine=self.name, local_dir=self.local_dir, snapshot_every=o.snapshot_every,
-            pause_mode=o.pause_mode, pull_timeout_s=o.pull_timeout_s)
+            pause_mode=o.pause_mode, pull_timeout_s=o.pull_timeout_s,
+            # after the first sync the engine may have been restarted (its copy is gone) or loaded
+            # restored weights: it checks its copy against what it serves and resyncs in full
+            resync=self.held is not None)
         known = {f.name for f in dataclasses.fields(ApplyStats)}
         stats = ApplyStats(**{k: v for k, v in dict(answer.get("stats") or {}).items() if k in known})
         self.held, self.snapshot_version = int(answer["weight_version"]), answer.get("snapshot_version")

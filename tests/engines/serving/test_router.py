@@ -97,11 +97,17 @@ def test_unavailable_engine_is_quarantined_at_once_and_all_down_is_clear() -> No
             raise EngineUnavailable("connection refused")
         engines[0].generate = dead  # type: ignore[method-assign]
         engines[0].healthy = False
-        router = Router(engines, health_interval_s=0)
+        router = Router(engines, health_interval_s=0, retry_unavailable=0)
         with pytest.raises(EngineUnavailable):
             await router.generate(req("a"))
         assert [s["healthy"] for s in router.stats()] == [False, True]
         assert (await router.generate(req("a"))).info["engine"] == "e1"
+        # by default the lost request is re-sent to another admitted engine
+        retrying = Router(fakes(2), health_interval_s=0)
+        retrying.slots[0].engine.generate = dead  # type: ignore[method-assign]
+        res = await retrying.generate(req("c"))
+        assert res.info["engine"] == "e1" and res.info["router_retries"] == 1
+        assert [s["healthy"] for s in retrying.stats()] == [False, True]
         engines[1].healthy = False
         await router.check_health()
         await router.check_health()
