@@ -7,7 +7,6 @@ import asyncio
 import time
 from typing import Any
 
-from miles_engine.errors import MilesError
 from miles_engine.rollout.types import Group
 from miles_engine.train import checkpoint, consumed, crash_points, resume
 from miles_engine.train.compose import Components
@@ -15,10 +14,6 @@ from miles_engine.train.engine_metrics import EngineStepMetrics
 from miles_engine.train.group_metrics import group_metrics
 
 _UNPREFIXED = ("opd/", "tis/")  # trainer metrics the report reads under their own names
-
-
-class FleetDown(MilesError):
-    """No engine has been healthy for ``fleet.unhealthy_timeout_s``."""
 
 
 class TrainingRun:
@@ -36,7 +31,6 @@ class TrainingRun:
         self.last_push: Any = None
         engines = [s.engine for s in parts.engines.slots]
         self.engine_metrics = EngineStepMetrics(engines[0] if len(engines) == 1 else parts.engines)
-        self._unhealthy_since: float | None = None
 
     async def restore(self) -> TrainingRun:
         """Trainer (model, optimizer, schedule, weight version), buffered groups, RNGs, step; the
@@ -94,7 +88,7 @@ class TrainingRun:
         try:
             while not get.done():  # the fleet is watched while the step waits for its groups
                 await asyncio.wait([get], timeout=1.0)
-                self._check_fleet()
+                self.parts.engines.raise_if_unhealthy_for(self.cfg.fleet.unhealthy_timeout_s)
         finally:
             get.cancel()
         groups = get.result()
@@ -102,18 +96,6 @@ class TrainingRun:
             self.parts.opd.check()  # a sample no teacher route covers stops the run
         self.timers["wait"] = time.perf_counter() - t0
         return groups
-
-    def _check_fleet(self) -> None:
-        healthy = any(s.healthy for s in self.parts.engines.slots)
-        now = time.monotonic()
-        if healthy:
-            self._unhealthy_since = None
-            return
-        self._unhealthy_since = self._unhealthy_since or now
-        limit = self.cfg.fleet.unhealthy_timeout_s
-        if now - self._unhealthy_since > limit:
-            raise FleetDown(f"no engine has been healthy for {limit:.0f}s (fleet.unhealthy_timeout_s): "
-                            + "; ".join(f"{s.name}: {s.last_error}" for s in self.parts.engines.slots))
 
     async def train(self, step: int, groups: list[Group]) -> dict[str, float]:
         crash_points.crash_point("train_step", step)

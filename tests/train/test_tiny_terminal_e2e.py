@@ -20,7 +20,8 @@ from click.testing import CliRunner
 
 from miles_engine.cli.main import cli
 
-SHORT = ["run.steps=30", "run.max_minutes=6", "run.checkpoint_every=10", "metrics.progress=false"]
+# bounded by steps: the recipe's run.max_minutes is lifted (it ended RL after one step on a loaded box)
+SHORT = ["run.steps=30", "run.max_minutes=null", "run.checkpoint_every=10", "metrics.progress=false"]
 
 
 def moving_average(values: list[float], k: int = 3) -> list[float]:
@@ -39,7 +40,7 @@ def test_tiny_terminal_recipe_learns(tmp_path: Path) -> None:
     train = [r for r in rows if r["kind"] == "train"]
     assert sft and sft[-1]["sft/loss"] < sft[0]["sft/loss"]
     rewards = [r["reward/mean"] for r in train]
-    assert len(rewards) >= 6, rewards
+    assert len(rewards) == 30, rewards
     ma = moving_average(rewards)
     seen = {k: [round(r.get(k) or 0.0, 2) for r in train] for k in ("reward/echo", "reward/calc", "buffer/taken/s_old_avg")}
     assert max(ma) - ma[0] >= 0.3, f"3-step moving average did not rise by 0.3: {ma}; per step: {seen}"

@@ -63,7 +63,7 @@ async def start_fleet(groups: Sequence[EngineGroupConfig], kinds: Sequence[Engin
         for engine in group_engines:
             engines[str(getattr(engine, "name", f"engine{len(engines)}"))] = engine
     router = Router(engines, health_interval_s=options.health_interval_s, fail_threshold=options.fail_threshold,
-                    readmit_after=options.readmit_after)
+                    readmit_after=options.readmit_after, restore=ctx.restore)
     await router.start()
     stack.push_async_callback(router.stop_health_checks)
     return router
