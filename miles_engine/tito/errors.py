@@ -28,6 +28,11 @@ class BadRequest(TitoError):
     type = "invalid_request_error"
 
 
+class RequestTooLarge(TitoError):
+    status = 413
+    type = "invalid_request_error"
+
+
 class SessionNotFound(TitoError):
     status = 404
     type = "not_found_error"
