@@ -99,7 +99,9 @@ if [ -n "${MILES_RELAY_SOCKET:-}" ]; then
   [ -s "$port_file" ] || { echo "miles: the session relay did not start" >&2; kill $relay 2>/dev/null; exit 97; }
   export MILES_SESSION_URL="http://127.0.0.1:$(cat "$port_file")$MILES_SESSION_PATH"
 fi
-( HARNESS )
+(
+HARNESS
+)
 rc=$?
 [ -n "$relay" ] && kill $relay 2>/dev/null
 exit $rc

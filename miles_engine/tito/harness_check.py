@@ -67,7 +67,8 @@ def session_summary(report: dict[str, Any], generations: int) -> dict[str, Any]:
 async def check_harness(command: str, *, sessions: int = 2, preset: str = "custom", family: str = "qwen3",
                         tokenizer: str | None = None, timeout_s: float = 300.0,
                         backend_options: dict[str, Any] | None = None,
-                        tool_command: str = "echo miles > miles.txt && cat miles.txt") -> list[dict[str, Any]]:
+                        tool_command: str = "echo miles > miles.txt && cat miles.txt",
+                        env: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """Run the harness agent ``sessions`` times in local sandboxes against a scripted policy."""
     from miles_engine.environments.protocol import TaskLimits
     from miles_engine.hub import Hub
@@ -89,14 +90,14 @@ async def check_harness(command: str, *, sessions: int = 2, preset: str = "custo
     try:
         for _ in range(sessions):
             opts = HarnessAgentOptions(preset=preset, command=command if preset == "custom" else None,  # type: ignore[arg-type]
-                                       server_url=url)
+                                       server_url=url, env=dict(env or {}))
             before = len(engine.requests)
             result = await run_episode(task, HarnessAgent(opts), backend)
             info = result.agent.info
             calls = len(engine.requests) - before
             summary = session_summary({"trajectories": info.get("trajectories", [])}, calls)
             summary.update(stop=result.agent.stop_reason, error=info.get("error"),
-                           tool_ran=result.reward.reward == 1.0)
+                           tool_ran=result.reward.reward == 1.0, stdout_tail=info.get("stdout_tail", ""))
             out.append(summary)
     finally:
         await asyncio.to_thread(server.stop)
