@@ -8,7 +8,8 @@
    the stored row, tokenize only the appended messages) side by side with re-rendering and
    re-tokenizing the full history each turn; ratio at each length. Measured in-process on
    the session manager (request parsing included, HTTP excluded) and, for the session server,
-   also end to end through the ASGI app (JSON included).
+   also end to end through the ASGI app (JSON included) on each wire route: chat completions,
+   Anthropic Messages and OpenAI Responses (the same conversation re-sent in each format).
 2. Chat turns/s against the stub engine: ``--sessions`` concurrent sessions x ``--turns`` tool
    turns over real HTTP (server in its own process on 127.0.0.1), p50/p99 request latency.
 
@@ -62,6 +63,51 @@ def model_outputs(family: str, codec: Any) -> tuple[list[int], list[int]]:
     return codec.tokenizer.encode(tool), codec.tokenizer.encode(final)
 
 
+def as_messages_body(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The same conversation as an Anthropic Messages request (what Claude Code would send)."""
+    out: list[dict[str, Any]] = []
+    for m in messages[1:]:
+        if m["role"] == "user":
+            out.append({"role": "user", "content": m["content"]})
+        elif m["role"] == "tool":
+            out.append({"role": "user", "content": [{"type": "tool_result", "tool_use_id": m["tool_call_id"],
+                                                      "content": m["content"]}]})
+        else:
+            blocks: list[dict[str, Any]] = []
+            if m.get("reasoning_content"):
+                blocks.append({"type": "thinking", "thinking": m["reasoning_content"], "signature": "x"})
+            if m.get("content"):
+                blocks.append({"type": "text", "text": m["content"]})
+            blocks += [{"type": "tool_use", "id": c["id"], "name": c["function"]["name"],
+                        "input": json.loads(c["function"]["arguments"])} for c in m.get("tool_calls") or []]
+            out.append({"role": "assistant", "content": blocks})
+    tools = [{"name": BASH["function"]["name"], "input_schema": BASH["function"]["parameters"],
+              "description": BASH["function"]["description"]}]
+    return {"model": "p", "max_tokens": 1024, "system": messages[0]["content"], "messages": out, "tools": tools}
+
+
+def as_responses_body(messages: list[dict[str, Any]]) -> dict[str, Any]:
+    """The same conversation as a stateless OpenAI Responses request (what Codex sends)."""
+    items: list[dict[str, Any]] = []
+    for m in messages[1:]:
+        if m["role"] == "user":
+            items.append({"type": "message", "role": "user", "content": [{"type": "input_text", "text": m["content"]}]})
+        elif m["role"] == "tool":
+            items.append({"type": "function_call_output", "call_id": m["tool_call_id"], "output": m["content"]})
+        else:
+            if m.get("reasoning_content"):
+                items.append({"type": "reasoning", "id": "rs", "summary": [],
+                              "content": [{"type": "reasoning_text", "text": m["reasoning_content"]}]})
+            if m.get("content"):
+                items.append({"type": "message", "role": "assistant",
+                              "content": [{"type": "output_text", "text": m["content"]}]})
+            items += [{"type": "function_call", "call_id": c["id"], "name": c["function"]["name"],
+                       "arguments": c["function"]["arguments"]} for c in m.get("tool_calls") or []]
+    tool = {"type": "function", "name": BASH["function"]["name"], "parameters": BASH["function"]["parameters"],
+            "description": BASH["function"]["description"]}
+    return {"model": "p", "instructions": messages[0]["content"], "input": items, "tools": [tool]}
+
+
 def tool_output(rng: random.Random, n_words: int) -> str:
     return "\n".join(" ".join(rng.choice(WORDS) for _ in range(12)) for _ in range(n_words // 12))
 
@@ -94,6 +140,9 @@ async def overhead_at(family: str, codec: Any, target: int, reps: int, rng: rand
     request = dict(body, messages=messages)
     await manager.chat(session.id, request)  # the measured turn; repeated below as retries
     tito, full, http = [], [], []
+    wires: dict[str, list[float]] = {"messages": [], "responses": []}
+    wire_payloads = {"messages": json.dumps(as_messages_body(messages)).encode(),
+                     "responses": json.dumps(as_responses_body(messages)).encode()}
     app = create_app(manager)
     kwargs = codec.kwargs()
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://b") as client:
@@ -111,9 +160,18 @@ async def overhead_at(family: str, codec: Any, target: int, reps: int, rng: rand
             r = await client.post(url, content=payload, headers={"content-type": "application/json"})
             http.append(time.perf_counter() - t0)
             assert r.status_code == 200, r.text
+            for route, wire_payload in wire_payloads.items():  # the same retried turn on the other routes
+                t0 = time.perf_counter()
+                r = await client.post(f"/sessions/{session.id}/v1/{route}", content=wire_payload,
+                                      headers={"content-type": "application/json"})
+                wires[route].append(time.perf_counter() - t0)
+                assert r.status_code == 200, r.text
+    assert len(manager.get(session.id).nodes) == len(messages) // 2  # every wire route retried the same turn
     assert length <= len(ids) < length + 600  # the canonical render is the same conversation
     return {"tokens": length, "tito_ms": statistics.median(tito) * 1e3,
-            "http_ms": statistics.median(http) * 1e3, "full_ms": statistics.median(full) * 1e3}
+            "http_ms": statistics.median(http) * 1e3, "full_ms": statistics.median(full) * 1e3,
+            "messages_ms": statistics.median(wires["messages"]) * 1e3,
+            "responses_ms": statistics.median(wires["responses"]) * 1e3}
 
 
 def part1(family: str, reps: int, targets: list[int]) -> None:
@@ -121,11 +179,12 @@ def part1(family: str, reps: int, targets: list[int]) -> None:
     rng = random.Random(0)
     print(f"\n1. Per-turn server overhead, generation excluded ({family}, tokenizer {codec.tokenizer.name}, "
           f"median of {reps})")
-    print(f"{'history':>8} {'tokens':>7} {'TITO core ms':>13} {'TITO HTTP ms':>13} {'re-render+re-tok ms':>20} "
-          f"{'ratio':>7}")
+    print(f"{'history':>8} {'tokens':>7} {'TITO core ms':>13} {'chat HTTP ms':>13} {'Messages ms':>12} "
+          f"{'Responses ms':>13} {'re-render+re-tok ms':>20} {'ratio':>7}")
     for target in targets:
         row = asyncio.run(overhead_at(family, codec, target, reps, rng))
         print(f"{target // 1024:>7}K {row['tokens']:>7} {row['tito_ms']:>13.3f} {row['http_ms']:>13.3f} "
+              f"{row['messages_ms']:>12.3f} {row['responses_ms']:>13.3f} "
               f"{row['full_ms']:>20.3f} {row['full_ms'] / row['tito_ms']:>6.1f}x")
 
 

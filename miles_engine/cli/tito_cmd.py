@@ -109,3 +109,42 @@ def serve(family: str, model: str | None, engine_url: str | None, tokenizer_spec
         asyncio.run(main())
     except KeyboardInterrupt:
         pass
+
+
+@tito.command("check-harness")
+@click.argument("command", required=False, default="")
+@click.option("--preset", type=click.Choice(["custom", "claude-code", "codex"]), default="custom", show_default=True,
+              help="custom: COMMAND is the bash script (MILES_SESSION_URL etc. in its env).")
+@click.option("--sessions", "-n", default=2, show_default=True, type=click.IntRange(1))
+@click.option("--family", default="qwen3", show_default=True, help="A Hermes tool-call family (qwen3, chatml).")
+@click.option("--timeout", "timeout_s", default=300.0, show_default=True, type=float)
+@click.option("--json", "as_json", is_flag=True)
+def check_harness_cmd(command: str, preset: str, sessions: int, family: str, timeout_s: float, as_json: bool) -> None:
+    """Drive a harness through N sessions (local sandbox, scripted policy: one shell tool call, then an
+    answer) and report per session and turn: trajectories, forks, tokens, mismatches by type."""
+    from miles_engine.tito.harness import default_harness_dir
+    from miles_engine.tito.harness_check import check_harness
+
+    if preset == "custom" and not command:
+        raise click.UsageError("give COMMAND (a bash script) or --preset claude-code|codex")
+    opts = {"memory_mb": None, "ro_binds": {"/miles/harnesses": default_harness_dir()}} if preset != "custom" \
+        else {"memory_mb": None}
+    out = asyncio.run(check_harness(command, sessions=sessions, preset=preset, family=family, timeout_s=timeout_s,
+                                    backend_options=opts))
+    if as_json:
+        echo_json(out)
+    else:
+        rows = []
+        for i, s in enumerate(out):
+            for t in s["per_turn"] or [{"turn": "-", "completion_tokens": "-", "env_tokens": "-", "finish": "-"}]:
+                rows.append([str(i + 1), str(t["turn"]), str(t["completion_tokens"]), str(t["env_tokens"]),
+                             str(s["trajectories"]), str(s["forks"]), str(s["mismatch"].get("non_assistant_text", "-")),
+                             str(s["mismatch"].get("special_token_count", "-")), s["stop"], str(s["tool_ran"])])
+        console().print(table(f"tito check-harness: {preset}", ["session", "turn", "sampled", "env ids", "trajectories",
+                                                              "forks", "non-assistant", "special", "stop", "tool ran"],
+                              rows))
+    bad = [s for s in out if s["stop"] != "done" or s["trajectories"] != 1 or s["forks"]
+           or s["mismatch"].get("non_assistant_text") or s["mismatch"].get("special_token_count")]
+    for s in bad:
+        click.echo(f"error: {s.get('error') or 'fork or mismatch'}", err=True)
+    sys.exit(1 if bad else 0)

@@ -24,7 +24,19 @@ class TitoError(Exception):
 
 
 class BadRequest(TitoError):
+    """The message names the offending field (``param``) even for clients that show only it."""
+
     status = 400
+    type = "invalid_request_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        if param and param not in message:
+            message = f"{param}: {message}"
+        super().__init__(message, param=param, code=code)
+
+
+class RequestTooLarge(TitoError):
+    status = 413
     type = "invalid_request_error"
 
 

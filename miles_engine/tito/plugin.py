@@ -52,10 +52,14 @@ def miles_register_chat_families() -> list[Component]:
 def miles_register_agents() -> list[Component]:
     from miles_engine.tito.agent import TitoAgent, TitoAgentOptions
     from miles_engine.tito.external import ExternalAgentOptions, ExternalHarnessAgent
+    from miles_engine.tito.harness import HarnessAgent, HarnessAgentOptions
 
     return [
         Component("tito", TitoAgent, TitoAgentOptions,
                   "model-driven tool calling through a TITO session server's OpenAI API"),
         Component("tito-external", ExternalHarnessAgent, ExternalAgentOptions,
                   "runs a command-line harness against its own session (OPENAI_BASE_URL)"),
+        Component("harness", HarnessAgent, HarnessAgentOptions,
+                  "a coding-agent CLI (claude-code, codex, custom) inside the episode's sandbox against its own "
+                  "session (Messages / Responses / chat), trajectories collected"),
     ]

@@ -11,6 +11,8 @@ Endpoints::
     DELETE /sessions/{id}[?trajectories=true]         also returns the trajectories report
     GET    /sessions/{id}/trajectories                token rows + diagnostic
     POST   /sessions/{id}/v1/chat/completions         OpenAI chat completions (JSON or SSE)
+    POST   /sessions/{id}/v1/messages[/count_tokens]  Anthropic Messages (JSON or SSE), see .anthropic_api
+    POST   /sessions/{id}/v1/responses                OpenAI Responses (JSON or SSE), see .responses_api
     GET    /sessions/{id}/v1/models
 
 Errors use OpenAI's shape ``{"error": {"message", "type", "param", "code"}}``.
@@ -31,7 +33,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from miles_engine.fastapi_app import new_fastapi_app
 from miles_engine.tito import wire
-from miles_engine.tito.errors import BadRequest, TitoError
+from miles_engine.tito.errors import BadRequest, RequestTooLarge, TitoError
+from miles_engine.tito.wire_routes import add_wire_routes
 from miles_engine.tito.service import SessionManager
 
 log = logging.getLogger(__name__)
@@ -49,7 +52,15 @@ def create_app(manager: SessionManager) -> FastAPI:
         return error_response(exc)
 
     async def read_json(request: Request, *, allow_empty: bool = False) -> Any:
+        limit = manager.config.max_request_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise RequestTooLarge(f"the request body is {declared} bytes, over this server's max_request_bytes "
+                                  f"{limit}", param="body")
         raw = await request.body()
+        if len(raw) > limit:
+            raise RequestTooLarge(f"the request body is {len(raw)} bytes, over this server's max_request_bytes "
+                                  f"{limit}", param="body")
         if not raw.strip():
             if allow_empty:
                 return {}
@@ -120,6 +131,7 @@ def create_app(manager: SessionManager) -> FastAPI:
         return Response(wire.dumps(completion.body()), media_type="application/json")
 
     app.add_route("/sessions/{session_id}/v1/chat/completions", chat, methods=["POST"], include_in_schema=False)
+    add_wire_routes(app, manager, read_json)
 
     hot = [("POST", re.compile(r"/sessions"), create_session),
            ("DELETE", re.compile(r"/sessions/(?P<session_id>[^/]+)"), delete_session),

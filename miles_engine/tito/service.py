@@ -13,6 +13,8 @@ import json
 import secrets
 import time
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -46,6 +48,9 @@ class SessionServerConfig(BaseModel):
     max_nodes: int = Field(1024, ge=1, description="generations per branching session")
     default_max_tokens: int = Field(1024, ge=1)
     max_tokens_limit: int | None = Field(None, ge=1, description="cap on a request's max_tokens")
+    max_prompt_tokens: int | None = Field(None, ge=1, description="longest prompt (token row) a turn may send "
+                                          "to the engine; longer: 400 naming 'messages'")
+    max_request_bytes: int = Field(64 << 20, ge=1024, description="largest request body; larger: 413")
     record_routed_experts: bool = False
     drop_retries: bool = Field(True, description="branching: drop leaves whose generation was retried")
     diagnose_every: int = Field(
@@ -148,10 +153,23 @@ class SessionManager:
 
     # ---- chat ----------------------------------------------------------------------------------
     async def chat(self, session_id: str, body: Any) -> tuple[Completion, ChatRequest]:
+        """One OpenAI chat-completions turn."""
+        def parse(session: Session) -> ChatRequest:
+            req = parse_chat_request(body, self.codec.family, session.parse_cache)
+            session.parse_cache = list(zip(body["messages"], req.messages))
+            return req
+
+        turn, req = await self.serve(session_id, parse)
+        return turn.completion(self.config.model_name, self.codec.family.has_reasoning), req
+
+    async def serve(self, session_id: str, parse: Callable[[Session], ChatRequest],
+                    on_commit: Callable[[Session, ChatRequest, Turn], None] | None = None) -> tuple[Turn, ChatRequest]:
+        """One turn of any wire format: ``parse`` validates the request into normalised messages
+        (and may use the session's caches), then plan → generate → commit. ``on_commit`` runs
+        right after the commit (a wire format's own bookkeeping, e.g. Responses ids)."""
         t0 = time.perf_counter()
         session = self.get(session_id)
-        req = parse_chat_request(body, self.codec.family, session.parse_cache)
-        session.parse_cache = list(zip(body["messages"], req.messages))
+        req = parse(session)
         if session.mode == "linear":
             if session.busy:
                 raise Conflict(f"session '{session_id}' is already generating; a linear session takes one "
@@ -160,17 +178,37 @@ class SessionManager:
         try:
             kwargs = self.codec.kwargs(req.kwargs)
             plan = session.plan(req.messages, req.tools, req.tools_key, kwargs)
+            self._check_prompt_size(plan.input_ids)
             gen = GenerateRequest(input_ids=plan.input_ids, sampling=self._sampling(req), session_id=session_id,
                                   return_logprob=True, return_routed_experts=self.config.record_routed_experts)
             t1 = time.perf_counter()
             result = await self._generate(session, gen)
             t2 = time.perf_counter()
-            completion = self._finish(session, req, plan, result, kwargs)
+            turn = self._finish(session, req, plan, result, kwargs)
+            if on_commit is not None:
+                on_commit(session, req, turn)
             self.overheads.append((t1 - t0) + (time.perf_counter() - t2))
-            return completion, req
+            return turn, req
         finally:
             if session.mode == "linear":
                 session.busy = False
+
+    def _check_prompt_size(self, input_ids: list[int]) -> None:
+        limit = self.config.max_prompt_tokens
+        if limit is not None and len(input_ids) > limit:
+            raise BadRequest(f"the prompt is {len(input_ids)} tokens, over this server's max_prompt_tokens "
+                             f"{limit}: shorten the conversation", param="messages", code="prompt_too_long")
+
+    def count_prompt(self, session_id: str, req: ChatRequest) -> int:
+        """Tokens the request's prompt would have (the stored row it extends plus the appended
+        ids, else a full render), without generating or changing the session."""
+        session = self.get(session_id)
+        kwargs = self.codec.kwargs(req.kwargs)
+        try:
+            return len(session.plan(req.messages, req.tools, req.tools_key, kwargs).input_ids)
+        except Conflict:
+            return len(self.codec.encode_conversation(req.messages, req.tools, add_generation_prompt=True,
+                                                      kwargs=kwargs))
 
     def _sampling(self, req: ChatRequest) -> SamplingParams:
         limit = self.config.max_tokens_limit
@@ -217,7 +255,7 @@ class SessionManager:
         return result
 
     def _finish(self, session: Session, req: ChatRequest, plan: Any, result: GenerateResult,
-                kwargs: dict[str, Any]) -> Completion:
+                kwargs: dict[str, Any]) -> Turn:
         codec = self.codec
         cut = apply_stop_strings(codec, result.output_ids, req.stop)
         n = cut.keep
@@ -248,11 +286,30 @@ class SessionManager:
             logprobs = [{"token": codec.tokenizer.piece(t), "logprob": lp,
                          "bytes": list(codec.tokenizer.piece(t).encode()), "top_logprobs": []}
                         for t, lp in zip(content_ids, result.output_logprobs)]
+        return Turn(assistant=assistant, finish_reason=finish, prompt_tokens=len(plan.input_ids),
+                    completion_tokens=n, cached_tokens=len(plan.input_ids) - len(plan.env_ids), logprobs=logprobs,
+                    stop_sequence=cut.stop)
+
+
+@dataclass
+class Turn:
+    """One committed generation, wire-format neutral: the normalised assistant message and the
+    token counts every API reports (``completion_tokens``: the sampled ids kept in the row)."""
+
+    assistant: dict[str, Any]
+    finish_reason: str  # "tool_calls" | "stop" | "length"
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    logprobs: list[dict[str, Any]] | None = None
+    stop_sequence: str | None = None  # the client stop string that ended the turn
+
+    def completion(self, model: str, with_reasoning: bool) -> Completion:
         return Completion(
-            id=f"chatcmpl-{uuid.uuid4().hex}", model=self.config.model_name,
-            message=wire_message(assistant, with_reasoning=codec.family.has_reasoning),
-            finish_reason=finish, prompt_tokens=len(plan.input_ids), completion_tokens=n,
-            cached_tokens=len(plan.input_ids) - len(plan.env_ids), logprobs=logprobs,
+            id=f"chatcmpl-{uuid.uuid4().hex}", model=model,
+            message=wire_message(self.assistant, with_reasoning=with_reasoning),
+            finish_reason=self.finish_reason, prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens, cached_tokens=self.cached_tokens, logprobs=self.logprobs,
         )
 
 

@@ -119,6 +119,7 @@ class Session:
         self.diagnostics: dict[int, dict[str, Any]] = {}
         self.diagnose = diagnose  # whether reports carry tito_session_mismatch (SessionServerConfig.diagnose_every)
         self.parse_cache: list[tuple[Any, Message]] = []
+        self.responses: dict[str, list[Message]] = {}  # Responses API: response id -> its whole conversation
 
     # ---- matching ------------------------------------------------------------------------------
     def _match(self, node: Node, messages: list[Message], start: int) -> int | None:

@@ -18,6 +18,7 @@ from miles_engine.tito.families.base import ChatCodec
 class Cut:
     keep: int  # how many output ids stay in the row
     text: str | None  # the response text when a stop string cut it, else None (parse the ids)
+    stop: str | None = None  # the stop string that cut it
 
 
 def apply_stop_strings(codec: ChatCodec, output_ids: Sequence[int], stops: Sequence[str]) -> Cut:
@@ -27,7 +28,7 @@ def apply_stop_strings(codec: ChatCodec, output_ids: Sequence[int], stops: Seque
     tok = codec.tokenizer
     if output_ids[-1] not in codec.stop_ids and tok.piece(output_ids[-1]) in stops \
             and output_ids[-1] in tok.added_ids:
-        return Cut(n, tok.decode(output_ids[:-1]))
+        return Cut(n, tok.decode(output_ids[:-1]), tok.piece(output_ids[-1]))
     ids = codec.strip_stop(output_ids)
     text = tok.decode(ids)
     hits = [(text.find(s), s) for s in stops if s in text]
@@ -42,4 +43,4 @@ def apply_stop_strings(codec: ChatCodec, output_ids: Sequence[int], stops: Seque
             hi = mid
         else:
             lo = mid + 1
-    return Cut(lo, text[:at])
+    return Cut(lo, text[:at], stop)

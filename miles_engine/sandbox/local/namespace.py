@@ -41,9 +41,11 @@ def _covered(path: str, roots: Sequence[str]) -> bool:
     return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
-def plan_mounts(mapped: Mapping[str, str], *, public_network: bool, hidden: Sequence[str] = ()) -> list[Op]:
+def plan_mounts(mapped: Mapping[str, str], *, public_network: bool, hidden: Sequence[str] = (),
+                ro_binds: Mapping[str, str] | None = None) -> list[Op]:
     """Mount operations, in order, for a root whose writable parts are ``mapped``
-    (sandbox path -> host dir); everything else of the host is read-only or absent."""
+    (sandbox path -> host dir); everything else of the host is read-only or absent, plus the
+    read-only ``ro_binds`` (sandbox path -> host path, e.g. a cache of agent binaries)."""
     mapped_tops = {p.strip("/").split("/")[0] for p in mapped}
     ops: list[Op] = []
     for name in sorted(os.listdir("/")):
@@ -58,6 +60,8 @@ def plan_mounts(mapped: Mapping[str, str], *, public_network: bool, hidden: Sequ
         real = os.path.realpath("/etc/resolv.conf")
         if real.startswith(("/run/", "/mnt/", "/media/")) and os.path.isfile(real):
             ops.append(("ro", real, real))
+    for path, host in sorted((ro_binds or {}).items()):
+        ops.append(("ro", host, path))
     if "home" not in mapped_tops:
         ops.append(("tmpfs", "/home"))
     for path in sorted(mapped, key=lambda p: p.count("/")):
@@ -228,6 +232,7 @@ async def launch(
     public_network: bool,
     hidden: Sequence[str],
     hostname: str,
+    ro_binds: Mapping[str, str] | None = None,
     timeout_s: float,
     limits: process.Limits | None = None,
 ) -> tuple[subprocess.Popen[bytes], int]:
@@ -237,7 +242,7 @@ async def launch(
     On failure the launcher is killed (the caller reaps it) and :class:`SandboxError`
     carries the launcher's own error message.
     """
-    ops = plan_mounts(mapped, public_network=public_network, hidden=hidden)
+    ops = plan_mounts(mapped, public_network=public_network, hidden=hidden, ro_binds=ro_binds)
     if tools.launcher == "bwrap":
         shm_dir, ctl_dir = os.path.join(scratch_dir, "shm"), os.path.join(scratch_dir, "ctl")
         argv = bwrap_init_argv(tools, ops, unshare_net=not public_network, hostname=hostname,

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from miles_engine.sandbox.protocol import DEFAULT_MAX_OUTPUT_BYTES
 
@@ -48,6 +49,10 @@ class LocalSandboxOptions(BaseModel):
     hidden_paths: tuple[str, ...] = Field(
         (), description="extra host directories hidden (empty tmpfs) in the namespace tier"
     )
+    ro_binds: dict[str, str] = Field(
+        default_factory=dict, description="namespace tier: extra read-only binds, sandbox path -> host path (e.g. "
+        "{'/miles/harnesses': '~/.cache/miles-engine/harnesses'}, the coding-agent CLIs the harness agent runs); "
+        "a sandbox path must lie under a top-level directory the host does not have")
     keep_scratch: bool = Field(False, description="debug: keep scratch dirs after close")
     exec_via_init: bool = Field(
         True, description="bubblewrap tier: the namespace's PID 1 forks each command (~2 ms of CPU) instead of "
@@ -57,3 +62,18 @@ class LocalSandboxOptions(BaseModel):
         description="closed namespace sandboxes kept warm for reuse: reset in place (every process but the "
         "namespace's init killed, System V IPC removed, every writable dir emptied) instead of torn down; "
         "0 = a fresh namespace per sandbox. bubblewrap launcher only")
+
+    @field_validator("ro_binds")
+    @classmethod
+    def _ro_binds(cls, binds: dict[str, str]) -> dict[str, str]:
+        out = {}
+        for path, host in binds.items():
+            top = path.strip("/").split("/")[0]
+            if not path.startswith("/") or not top or os.path.lexists("/" + top):
+                raise ValueError(f"ro_binds: sandbox path {path!r} must be absolute and under a top-level directory "
+                                 f"the host does not have ('/{top}' exists or is empty)")
+            host = os.path.expanduser(host)
+            if not os.path.exists(host):
+                raise ValueError(f"ro_binds: host path {host!r} (for {path!r}) does not exist")
+            out[path] = host
+        return out

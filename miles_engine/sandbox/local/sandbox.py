@@ -132,6 +132,7 @@ class LocalSandbox:
             ids=self.ids,
             public_network=self.spec.network.mode == "public",
             hidden=self.opts.hidden_paths,
+            ro_binds=self.opts.ro_binds,
             hostname="miles-" + self.id[4:],
             timeout_s=INIT_TIMEOUT_S,
             # PID 1 forks the commands: its hard limits bound whatever it is asked to run
