@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from miles_engine.config.errors import format_validation_error
 from miles_engine.metrics import MetricsConfig
@@ -80,6 +80,13 @@ class RecipeConfig(Section):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     opd: OPDRunConfig | None = Field(None, description="on-policy distillation teachers (with trainer.opd)")
+
+    @model_validator(mode="after")
+    def _true_on_policy(self) -> RecipeConfig:
+        # the engine's true_on_policy is derived from trainer.true_on_policy (train/stack.py): one key, no disagreement
+        if self.trainer.true_on_policy and self.engine.dtype != "float32":
+            raise ValueError(f"trainer.true_on_policy=true needs engine.dtype='float32' (got {self.engine.dtype!r})")
+        return self
 
 
 def resolve_recipe_path(ref: str | Path, hub: Hub | None = None) -> Path:

@@ -218,7 +218,8 @@ class TrainingStack:
         model = self.model if isinstance(self.model, str) else copy.deepcopy(self.model)
         engine = await asyncio.to_thread(EmbeddedEngine.from_model, model, dtype=e.dtype,
                                          max_batch_size=e.max_batch_size, num_threads=e.threads,
-                                         seed=self.cfg.seed, prompt_cache_tokens=e.prompt_cache_tokens)
+                                         seed=self.cfg.seed, prompt_cache_tokens=e.prompt_cache_tokens,
+                                         true_on_policy=self.cfg.trainer.true_on_policy)
         self._closers.insert(0, engine.aclose)
         if e.gil_switch_interval_ms is not None:
             previous = sys.getswitchinterval()

@@ -45,7 +45,7 @@ from miles_engine.engines.embedded.scheduler import Scheduler
 from miles_engine.engines.embedded.sequence import Sequence
 from miles_engine.engines.errors import EngineUnavailable
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, SamplingParams, TensorMeta
-from miles_engine.errors import EngineRequestError
+from miles_engine.errors import ConfigError, EngineRequestError
 
 _PAUSE_MODES = ("abort", "retract", "in_place")
 
@@ -91,7 +91,7 @@ class EmbeddedEngine:
             try:
                 batch_invariant.enable(model)
             except ValueError as exc:
-                raise EngineRequestError(f"engine true_on_policy: {exc}") from None
+                raise ConfigError(f"engine true_on_policy: {exc}") from None
         elif getattr(config, "_attn_implementation", None) not in ("sdpa", "eager", "batch_invariant"):
             model.set_attn_implementation("sdpa")  # our 4-D ragged masks need sdpa or eager (or batch_invariant)
         pad = getattr(config, "pad_token_id", None)
