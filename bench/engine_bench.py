@@ -176,19 +176,19 @@ async def grpo_groups(shared: EmbeddedEngine, plain: EmbeddedEngine, waves: int,
 async def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, dtype {args.dtype}, "
-          f"cpu count {os.cpu_count()}")
-    eng = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, max_batch_size=32,
+          f"cpu count {os.cpu_count()}, true_on_policy {args.true_on_policy}")
+    eng = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, true_on_policy=args.true_on_policy, max_batch_size=32,
                                     prompt_cache_tokens=0)
     batches = [1, 8] if args.quick else [1, 8, 32]
     await decode_throughput(eng, args.reps, batches, 32 if args.quick else 128)
     await mixed_lengths(eng, max(1, args.reps // 2), 32 if args.quick else args.mixed_requests, 16,
                         64 if args.quick else 256)
-    plain = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, session_cache_tokens=0,
+    plain = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, true_on_policy=args.true_on_policy, session_cache_tokens=0,
                                       prompt_cache_tokens=0)
     await sessions(eng, plain, 4, 4 if args.quick else 8, 128, 32)
     await eng.aclose()
-    shared = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, max_batch_size=64)
-    plain64 = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, max_batch_size=64,
+    shared = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, true_on_policy=args.true_on_policy, max_batch_size=64)
+    plain64 = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, true_on_policy=args.true_on_policy, max_batch_size=64,
                                         prompt_cache_tokens=0)
     await grpo_groups(shared, plain64, 2 if args.quick else 6, 256, 16 if args.quick else 64)
     for e in (plain, shared, plain64):
@@ -202,4 +202,5 @@ if __name__ == "__main__":
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--mixed-requests", type=int, default=128)
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
+    p.add_argument("--true-on-policy", action="store_true", help="batch-invariant engine (trainer.true_on_policy)")
     asyncio.run(main(p.parse_args()))

@@ -132,7 +132,11 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=0, help="random prompts of N tokens instead of echo drills")
     ap.add_argument("--ckpt", type=Path, default=CKPT, help="HF model dir + tokenizer.json (else a random model)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--true-on-policy", action="store_true", help="every variant with trainer.true_on_policy")
     args = ap.parse_args()
+    if args.true_on_policy:
+        TRAINER["true_on_policy"] = True
+        print("trainer.true_on_policy: true (batch-invariant forward)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before the first model load imports transformers
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(args.seed)

@@ -93,6 +93,16 @@ class RecipeConfig(Section):
                              "sglang, external)")
         return data
 
+    @model_validator(mode="after")
+    def _true_on_policy(self) -> RecipeConfig:
+        # the engines' true_on_policy is derived from trainer.true_on_policy (train/compose.py): one key
+        if self.trainer.true_on_policy:
+            for i, g in enumerate(self.engines):
+                if g.kind not in ("embedded", "server") or g.dtype != "float32":
+                    raise ValueError(f"trainer.true_on_policy=true needs engines of our own kinds (embedded, server) "
+                                     f"in float32; engines.{i} is kind {g.kind!r}, dtype {g.dtype!r}")
+        return self
+
 
 def resolve_recipe_path(ref: str | Path, hub: Hub | None = None) -> Path:
     """A path to a YAML file, or the name of a packaged recipe."""

@@ -162,7 +162,8 @@ async def _start_engines(cfg: RecipeConfig, hub: Hub, run_dir: Path, policy: Any
 
     kinds = create_kinds(hub, cfg.engines)
     check_transport(cfg.weights.transport, cfg.engines, kinds)
-    ctx = FleetContext(model=policy, state_dir=run_dir / "engines", seed=cfg.seed, restore=trainer.current_weights)
+    ctx = FleetContext(model=policy, state_dir=run_dir / "engines", seed=cfg.seed, restore=trainer.current_weights,
+                       true_on_policy=cfg.trainer.true_on_policy)
     return await start_fleet(cfg.engines, kinds, ctx, stack, cfg.fleet)
 
 

@@ -99,6 +99,9 @@ def from_groups(minibatches: Sequence[Sequence[Group]], *, teacher: bool = False
     batch = from_token_rows([t.token_ids for t in trajs], [t.loss_mask for t in trajs], pad_id)
     width = batch.token_ids.shape[1]
     batch.rollout_logp = _pad([t.rollout_logprobs for t in trajs], width, torch.float32) * batch.loss_mask
+    # weight version that sampled each token (-1: none reported): the numerics / staleness split
+    batch.extra["versions"] = _pad([[-1 if v is None else int(v) for v in t.weight_versions] for t in trajs],
+                                   width, torch.long, -1)
     if teacher:
         batch.teacher_logp = _pad([t.teacher_logprobs or [] for t in trajs], width, torch.float32) * batch.loss_mask
     batch.rewards = torch.tensor([float(t.reward) for t in trajs], dtype=torch.float32)

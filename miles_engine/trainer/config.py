@@ -197,6 +197,11 @@ class TrainerConfig(_Section):
         "gradient checkpointing and models without a plain Hugging Face DynamicCache; one process uses it "
         "only where a prompt of >= 16 tokens is shared by >= 2 rows")
     seed: int = Field(0, description="seeds random init when the model is built from a config")
+    true_on_policy: bool = Field(
+        False, description="batch-invariant arithmetic (miles_engine.batch_invariant) in the policy's forward, "
+        "the same as the rollout engine's with its true_on_policy (a recipe turns the engine's on from this "
+        "key): before the first update the trainer's log-prob of every token generated under its current "
+        "weights equals the engine's exactly (tis/numerics_max_abs_diff = 0). Float32 only; slower")
 
     @model_validator(mode="after")
     def _cross(self) -> TrainerConfig:
@@ -206,6 +211,9 @@ class TrainerConfig(_Section):
         if kl.placement == "reward" and a.advantage_estimator not in ("ppo", "reinforce_pp"):
             raise ValueError(f"kl.placement='reward' works with algorithm.advantage_estimator ppo or "
                              f"reinforce_pp, not {a.advantage_estimator!r}; use kl.placement='loss'")
+        if self.true_on_policy and self.dtype != "float32":
+            raise ValueError(f"true_on_policy=true needs dtype='float32' (got {self.dtype!r}): the engine runs "
+                             f"float32 weights and autocast would round differently")
         if self.mismatch.mode != "none" and a.old_logprobs == "rollout":
             raise ValueError(f"mismatch.mode={self.mismatch.mode!r} compares the trainer's log-probs with the "
                              f"rollout's: it needs algorithm.old_logprobs='recompute', not 'rollout'")

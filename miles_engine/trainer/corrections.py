@@ -92,18 +92,62 @@ def reduce_stats(comm: Any, sums: Tensor, min_ratio: Tensor, max_ratio: Tensor,
     return finalize_stats(comm.all_sum(sums), lo, hi, prefix)
 
 
+def version_split_stats(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, versions: Tensor,
+                        current: int) -> tuple[Tensor, Tensor]:
+    """The gap ``|logp_trainer - logp_rollout|`` apart on tokens the engine sampled with the
+    trainer's current weights (``versions == current``: only numerics can differ, exactly 0
+    with true on-policy) and on older tokens (staleness on top). ``(sums, maxima)``, float64:
+    sums = [current tokens, their |gap| sum, stale tokens, their |gap| sum]; maxima = the
+    largest |gap| of each (0 when there is none)."""
+    on = mask > 0
+    gap = (old_logp - rollout_logp).detach().to(torch.float64).abs()
+    cur = on & (versions == current)
+    stale = on & ~cur
+    zero = torch.zeros((), dtype=torch.float64, device=gap.device)
+    sums = torch.stack([cur.sum().to(torch.float64), gap[cur].sum(), stale.sum().to(torch.float64), gap[stale].sum()])
+    maxima = torch.stack([gap[cur].max() if bool(cur.any()) else zero, gap[stale].max() if bool(stale.any()) else zero])
+    return sums, maxima
+
+
+def finalize_split(sums: Tensor, maxima: Tensor, prefix: str = "tis/") -> dict[str, float]:
+    """Metrics from (reduced) :func:`version_split_stats`: ``numerics_*`` (tokens of the current
+    version) and ``stale_*`` (older ones); the mean and max appear when there are such tokens."""
+    n_cur, sum_cur, n_stale, sum_stale = sums.tolist()
+    max_cur, max_stale = maxima.tolist()
+    out = {f"{prefix}numerics_tokens": n_cur, f"{prefix}stale_tokens": n_stale}
+    if n_cur > 0:
+        out.update({f"{prefix}numerics_abs_diff": sum_cur / n_cur, f"{prefix}numerics_max_abs_diff": max_cur})
+    if n_stale > 0:
+        out.update({f"{prefix}stale_abs_diff": sum_stale / n_stale, f"{prefix}stale_max_abs_diff": max_stale})
+    return out
+
+
+def reduce_split(comm: Any, sums: Tensor, maxima: Tensor, prefix: str = "tis/") -> dict[str, float]:
+    """:func:`finalize_split` over every rank of ``comm`` (a collective)."""
+    return finalize_split(comm.all_sum(sums.cpu()), comm.all_max(maxima.cpu()), prefix)
+
+
 class MismatchAccumulator:
     """Weights and statistics micro-batch by micro-batch, for old log-probs that only exist
     inside the update's forward (fused old log-probs); :meth:`finalize` once at the end."""
 
-    def __init__(self, mode: str, low: float, high: float) -> None:
+    def __init__(self, mode: str, low: float, high: float, current_version: int | None = None) -> None:
         self.mode, self.low, self.high = mode, low, high
+        self.current_version = current_version
+        self.split_sums = torch.zeros(4, dtype=torch.float64)
+        self.split_max = torch.zeros(2, dtype=torch.float64)
         self.sums = torch.zeros(len(SUM_KEYS), dtype=torch.float64)
         self.min_ratio = torch.tensor(float("inf"), dtype=torch.float64)
         self.max_ratio = torch.tensor(float("-inf"), dtype=torch.float64)
 
-    def add(self, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor) -> Tensor | None:
-        """Record one micro-batch; its per-token weights (``None`` for mode ``none``)."""
+    def add(self, old_logp: Tensor, rollout_logp: Tensor, mask: Tensor,
+            versions: Tensor | None = None) -> Tensor | None:
+        """Record one micro-batch (``versions``: per-token weight versions, for the
+        numerics / staleness split); its per-token weights (``None`` for mode ``none``)."""
+        if versions is not None and self.current_version is not None:
+            s, m = version_split_stats(old_logp, rollout_logp, mask, versions, self.current_version)
+            self.split_sums = self.split_sums + s.cpu()
+            self.split_max = torch.maximum(self.split_max, m.cpu())
         sums, lo, hi = mismatch_stats(old_logp, rollout_logp, mask, self.low, self.high)
         self.sums = self.sums + sums.cpu()
         self.min_ratio = torch.minimum(self.min_ratio, lo.cpu())
@@ -113,4 +157,7 @@ class MismatchAccumulator:
         return mismatch_weights(old_logp, rollout_logp, mask, self.mode, self.low, self.high)
 
     def finalize(self, comm: Any) -> dict[str, float]:
-        return reduce_stats(comm, self.sums, self.min_ratio, self.max_ratio)
+        out = reduce_stats(comm, self.sums, self.min_ratio, self.max_ratio)
+        if self.current_version is not None:
+            out.update(reduce_split(comm, self.split_sums, self.split_max))
+        return out

@@ -88,6 +88,15 @@ def keep_mask(mask: Tensor | None) -> Tensor | None:
     return keep
 
 
+def _log_softmax(model: nn.Module, logits: Tensor) -> Tensor:
+    """The engine's arithmetic when the model is batch-invariant (true on-policy)."""
+    from miles_engine import batch_invariant
+
+    if batch_invariant.is_enabled(model):
+        return batch_invariant.log_softmax(logits)
+    return torch.log_softmax(logits, dim=-1)
+
+
 def forward_logprobs(model: nn.Module, ids: Tensor, attn: Tensor, *, temperature: float = 1.0,
                      entropy: str = "none", hidden: bool = False, mask: Tensor | None = None,
                      candidates: Tensor | None = None, prefix: PrefixMode | None = None) -> ForwardOut:
@@ -112,7 +121,7 @@ def forward_logprobs(model: nn.Module, ids: Tensor, attn: Tensor, *, temperature
             logits = logits[keep]
     if temperature != 1.0:
         logits = logits / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
+    logp_all = _log_softmax(model, logits)
     if keep is None:
         logp = torch.nn.functional.pad(logp_all[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))
     else:

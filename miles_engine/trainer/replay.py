@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from miles_engine import batch_invariant
 from miles_engine.trainer.rows import routed_pairs
 
 
@@ -79,7 +80,9 @@ class RoutingReplay:
                                        f"has {tuple(forced.shape)}")
                 use = forced[:, :1] >= 0
                 idx = torch.where(use, forced, idx)
-                scores = torch.where(use, _replayed_scores(module, logits, idx).to(scores.dtype), scores)
+                replayed = batch_invariant.replayed_scores(module, logits, idx) if batch_invariant.is_enabled(module) \
+                    else _replayed_scores(module, logits, idx)
+                scores = torch.where(use, replayed.to(scores.dtype), scores)
             self.last[layer] = idx.detach()
             return logits, scores, idx
         return hook

@@ -123,6 +123,9 @@ def prepare(tr: TorchTrainer, batch: StepBatch) -> dict[str, float]:
                                                                      m.high)
         metrics.update(corrections.reduce_stats(tr.comm, *corrections.mismatch_stats(old, batch.rollout_logp, mask,
                                                                                       m.low, m.high)))
+        if "versions" in batch.extra:
+            metrics.update(corrections.reduce_split(tr.comm, *corrections.version_split_stats(
+                old, batch.rollout_logp, mask, batch.extra["versions"], tr.weight_version)))
     red = tr.reduce_metrics(sums)
     n_tok, n_rows = max(red["tokens"], 1.0), max(red["rows"], 1.0)
     metrics.update(reward_mean=red["reward_sum"] / n_rows, advantage_mean=red["adv_sum"] / n_tok,
@@ -166,7 +169,8 @@ def _loss_fn(tr: TorchTrainer, n_tok: float, n_seq: float, fused: corrections.Mi
                                    candidates=cands, prefix=tr.prefix_mode)
             if fused is not None:
                 old = out.logp.detach()
-                weights = fused.add(old, mb.get("rollout_logp", tr.device), mask)
+                versions = mb.get("versions", tr.device) if "versions" in mb.batch.extra else None
+                weights = fused.add(old, mb.get("rollout_logp", tr.device), mask, versions)
             else:
                 old = mb.get("old_logp", tr.device)
                 weights = mb.get("mismatch_w", tr.device) if "mismatch_w" in mb.batch.extra else None
@@ -223,7 +227,7 @@ def update(tr: TorchTrainer, batch: StepBatch, n_minibatches: int) -> dict[str, 
             if n_tok == 0:
                 continue  # every rank agrees: the counts are global
             m_cfg = cfg.mismatch
-            fused = corrections.MismatchAccumulator(m_cfg.mode, m_cfg.low, m_cfg.high) \
+            fused = corrections.MismatchAccumulator(m_cfg.mode, m_cfg.low, m_cfg.high, tr.weight_version) \
                 if cfg.fuses_old_logprobs else None
             fn, keys = _loss_fn(tr, n_tok, n_seq, fused)
             sums = tr.run_micro_batches(batch, tr.plan(batch, rows, shared=not is_ppo), fn,

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from miles_engine.errors import ConfigError
 from miles_engine.rollout.types import Group
 from miles_engine.trainer import prefix, rl_step
 from miles_engine.trainer.batch import MicroBatch, StepBatch, from_groups, from_sft_rows
@@ -51,6 +52,13 @@ class TorchTrainer:
             raise RuntimeError("trainer.dtype=bfloat16 but this GPU does not support bfloat16; use float32")
         self.comm = comm or Local()
         self.policy = build_causal_lm(model, self.device, cfg.seed)
+        if cfg.true_on_policy:
+            from miles_engine import batch_invariant
+
+            try:
+                batch_invariant.enable(self.policy)
+            except ValueError as exc:
+                raise ConfigError(f"trainer.true_on_policy: {exc}") from None
         if cfg.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
         self.vocab_size = int(self.policy.get_input_embeddings().num_embeddings)

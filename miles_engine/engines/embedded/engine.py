@@ -45,7 +45,7 @@ from miles_engine.engines.embedded.scheduler import Scheduler
 from miles_engine.engines.embedded.sequence import Sequence
 from miles_engine.engines.errors import EngineUnavailable
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, SamplingParams, TensorMeta
-from miles_engine.errors import EngineRequestError
+from miles_engine.errors import ConfigError, EngineRequestError
 
 _PAUSE_MODES = ("abort", "retract", "in_place")
 
@@ -85,8 +85,15 @@ class EmbeddedEngine:
         limit = int(getattr(text, "max_position_embeddings", 0) or 0) or 1 << 20
         self.max_context_len = min(self.options.max_context or limit, limit)
         self.eos_token_ids = _eos_ids(model)
-        if getattr(config, "_attn_implementation", None) not in ("sdpa", "eager"):
-            model.set_attn_implementation("sdpa")  # our 4-D ragged masks need sdpa or eager
+        if self.options.true_on_policy:
+            from miles_engine import batch_invariant
+
+            try:
+                batch_invariant.enable(model)
+            except ValueError as exc:
+                raise ConfigError(f"engine true_on_policy: {exc}") from None
+        elif getattr(config, "_attn_implementation", None) not in ("sdpa", "eager", "batch_invariant"):
+            model.set_attn_implementation("sdpa")  # our 4-D ragged masks need sdpa or eager (or batch_invariant)
         pad = getattr(config, "pad_token_id", None)
         pad = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else 0
         self._runner = ModelRunner(model, pad_token_id=pad)

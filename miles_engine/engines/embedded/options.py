@@ -34,3 +34,7 @@ class EmbeddedEngineOptions(BaseModel):
         8192, ge=1, description="padded tokens per batched prefill forward (a longer prompt runs alone)"
     )
     attn_implementation: str = Field("sdpa", description="transformers attention implementation")
+    true_on_policy: bool = Field(
+        False, description="batch-invariant arithmetic (miles_engine.batch_invariant): every token's log-prob "
+        "is bit-identical to the trainer's with trainer.true_on_policy, whatever the batch, padding or cache; "
+        "slower. Float32 only. A recipe derives it from trainer.true_on_policy")

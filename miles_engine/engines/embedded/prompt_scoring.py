@@ -36,7 +36,9 @@ def score_prompt(model: Any, ids: Sequence[int], start: int, top_n: int = 0,
     row = torch.tensor([list(ids)], dtype=torch.long, device=device)
     with torch.inference_mode():
         logits = model(input_ids=row, use_cache=False).logits[0, start:len(ids) - 1]
-        logp = torch.log_softmax(logits.float(), dim=-1)
+        from miles_engine.batch_invariant import is_enabled, log_softmax
+
+        logp = log_softmax(logits.float()) if is_enabled(model) else torch.log_softmax(logits.float(), dim=-1)
         targets = row[0, start + 1:]
         out = PromptLogprobs(logp.gather(1, targets[:, None]).squeeze(1).tolist())
         if top_n and len(targets):

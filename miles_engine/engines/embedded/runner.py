@@ -35,7 +35,8 @@ class ModelRunner:
         self.num_layers = int(text.num_hidden_layers)
         self.capture = RouterCapture(model)
         attn = getattr(config, "_attn_implementation", None) or "eager"
-        self.float_mask = None if attn == "sdpa" else self.dtype
+        self.float_mask = None if attn in ("sdpa", "batch_invariant") else self.dtype
+        self.invariant = attn == "batch_invariant"  # true on-policy: the sampler's log-softmax too
         layer_types = list(getattr(text, "layer_types", None) or [])
         window = getattr(text, "sliding_window", None)
         self.mixed_sliding = "sliding_attention" in layer_types and "full_attention" in layer_types

@@ -14,6 +14,7 @@ unscaled logits (``log p(token)`` of the model's own distribution).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -25,17 +26,19 @@ class RowParams:
     top_k: int  # -1 = off
 
 
-def filtered_logprobs(logits: torch.Tensor, params: list[RowParams]) -> torch.Tensor:
+def filtered_logprobs(logits: torch.Tensor, params: list[RowParams], *, invariant: bool = False) -> torch.Tensor:
     """Log of the distribution each row samples from ([rows, vocab] float32; -inf = excluded).
-    Greedy rows get the plain log-softmax. This is also the reference the tests teacher-force."""
+    Greedy rows get the plain log-softmax. This is also the reference the tests teacher-force.
+    ``invariant``: every log-softmax is the batch-invariant one (true on-policy)."""
     logits = logits.float()
+    log_softmax = _invariant_log_softmax if invariant else torch.log_softmax
     if all(p.temperature == 0.0 for p in params):
-        return torch.log_softmax(logits, dim=-1)
+        return log_softmax(logits, dim=-1)
     out = torch.empty_like(logits)
     greedy = [i for i, p in enumerate(params) if p.temperature == 0.0]
     if greedy:
         g = torch.tensor(greedy, device=logits.device)
-        out[g] = torch.log_softmax(logits[g], dim=-1)
+        out[g] = log_softmax(logits[g], dim=-1)
     hot = [i for i, p in enumerate(params) if p.temperature > 0.0]
     if not hot:
         return out
@@ -46,13 +49,20 @@ def filtered_logprobs(logits: torch.Tensor, params: list[RowParams]) -> torch.Te
     ps = [params[i].top_p for i in hot]
     vocab = scaled.shape[-1]
     if all(k <= 0 or k >= vocab for k in ks) and all(p >= 1.0 for p in ps):
-        out[h] = torch.log_softmax(scaled, dim=-1)
+        out[h] = log_softmax(scaled, dim=-1)
         return out
-    out[h] = _nucleus(scaled, ks, ps)
+    out[h] = _nucleus(scaled, ks, ps, log_softmax=log_softmax)
     return out
 
 
-def _nucleus(scaled: torch.Tensor, ks: list[int], ps: list[float], candidates: int = 1024) -> torch.Tensor:
+def _invariant_log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    from miles_engine.batch_invariant import log_softmax
+
+    return log_softmax(x)
+
+
+def _nucleus(scaled: torch.Tensor, ks: list[int], ps: list[float], candidates: int = 1024,
+             log_softmax: Any = torch.log_softmax) -> torch.Tensor:
     """Top-k then top-p over the ``K`` best tokens of each row (``torch.topk``, not a full
     vocabulary sort). Exact: ``K`` covers every finite top-k, and a top-p row whose nucleus
     might reach past ``K`` (the K best hold less than ``top_p`` of the mass) is redone with
@@ -76,21 +86,21 @@ def _nucleus(scaled: torch.Tensor, ks: list[int], ps: list[float], candidates: i
     if kmax < vocab:
         short = (~has_k) & (pp[:, 0] < 1.0) & (cum[:, -1] < pp[:, 0])
         if bool(short.any()):
-            return _nucleus(scaled, ks, ps, candidates=8 * candidates)
+            return _nucleus(scaled, ks, ps, candidates=8 * candidates, log_softmax=log_softmax)
     before = cum - probs  # mass of strictly better tokens
     vals = vals.masked_fill((before >= pp) & (rank > 0), float("-inf"))
     filtered = torch.full_like(scaled, float("-inf")).scatter_(1, order, vals)
-    return torch.log_softmax(filtered, dim=-1)
+    return log_softmax(filtered, dim=-1)
 
 
 def sample(logits: torch.Tensor, params: list[RowParams],
-           generators: list[torch.Generator | None]) -> tuple[list[int], list[float]]:
+           generators: list[torch.Generator | None], *, invariant: bool = False) -> tuple[list[int], list[float]]:
     """Draw one token per row; returns (tokens, log-probs under the sampled-from distribution).
 
     Sampled rows use inverse-CDF sampling with one uniform draw per row from the row's own
     generator (vectorised over rows; a token outside the kept set has zero mass and is
     never chosen)."""
-    logp = filtered_logprobs(logits, params)
+    logp = filtered_logprobs(logits, params, invariant=invariant)
     tokens = torch.argmax(logits, dim=-1)
     hot = [i for i, p in enumerate(params) if p.temperature > 0.0]
     if hot:

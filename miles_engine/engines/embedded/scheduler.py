@@ -232,7 +232,8 @@ class Scheduler:
         self._emit(seqs, logits)
 
     def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        tokens, logprobs = sample(logits, [s.params for s in seqs], [s.generator for s in seqs])
+        tokens, logprobs = sample(logits, [s.params for s in seqs], [s.generator for s in seqs],
+                                  invariant=self.runner.invariant)
         now = time.perf_counter()
         self.counters["output_tokens"] += len(seqs)
         for seq, tok, lp in zip(seqs, tokens, logprobs):

@@ -30,6 +30,7 @@ class FleetContext:
     seed: int = 0
     restore: Restore | None = None
     env: Mapping[str, str] | None = None
+    true_on_policy: bool = False  # batch-invariant arithmetic, identical to the trainer's (trainer.true_on_policy)
     _model_dir: Path | None = field(default=None, repr=False)
 
     def model_path(self) -> str:

@@ -24,7 +24,8 @@ class ServerKind:
 
         o = self.options
         engine_options = {"device": group.replica_device(index), "max_batch_size": o.max_batch_size,
-                          "prompt_cache_tokens": o.prompt_cache_tokens, "seed": ctx.seed + index}
+                          "prompt_cache_tokens": o.prompt_cache_tokens, "seed": ctx.seed + index,
+                          "true_on_policy": ctx.true_on_policy}
         return server_command(ctx.model_path(), engine_factory=o.engine_factory, dtype=group.dtype,
                               threads=o.threads, extra=["--engine-options", json.dumps(engine_options)])
 
