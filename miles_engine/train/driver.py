@@ -8,9 +8,12 @@ from miles_engine.train.stack import TrainingStack
 async def train(stack: TrainingStack) -> int:
     """Warm start, push the trainer's weights, then {get groups, train, checkpoint, push}."""
     await stack.warm_start()
+    if stack.stop_requested:  # stopped during SFT: its own checkpoint is written, RL has not begun
+        return stack.step
     await stack.maybe_checkpoint(stack.step)  # resumable from the first RL step (no-op when resumed)
     await stack.push_weights()  # engines start from the trainer's own (or the restored) weights and version
-    await stack.mode.start()
+    if stack.cfg.run.steps:  # run.steps 0: an SFT-only run starts no rollouts
+        await stack.mode.start()
     step = stack.step
     for step in stack.steps():
         groups = await stack.next_groups(step)

@@ -19,6 +19,10 @@ async def run_sft(stack: TrainingStack) -> None:
     from miles_engine.trainer.rows import SFTRow
 
     cfg = stack.cfg.sft
+    if cfg.dataset is not None:
+        from miles_engine.train.sft_dataset_run import run_sft_dataset
+
+        return await run_sft_dataset(stack)
     demos = demonstrations(stack.source, cfg.demos, seed=stack.cfg.seed + 1, wrong_fraction=cfg.wrong_fraction)
     rows = [SFTRow(*conversation_row(stack.codec, d.prompt, d.messages, d.tools)) for d in demos]
     steps = max(1, math.ceil(len(rows) * cfg.epochs / cfg.batch_size))

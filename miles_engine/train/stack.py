@@ -77,7 +77,10 @@ class TrainingStack:
 
         cfg, hub = self.cfg, self.hub
         crash_points.check_env()
-        if self.resume:  # read and check it first: a bad checkpoint fails before anything starts
+        from miles_engine.train.sft_dataset_run import resumes_sft
+
+        self.sft_resume = self.resume and resumes_sft(self.run_dir)  # stopped mid-SFT: no RL checkpoint yet
+        if self.resume and not self.sft_resume:  # read and check it first: a bad checkpoint fails before anything starts
             import torch  # noqa: F401 - imported anyway; kept out of the load time
 
             t0 = time.perf_counter()
@@ -182,7 +185,11 @@ class TrainingStack:
         texts: list[str] = []
         if not cfg.tokenizer.path:
             boot = bootstrap_codec(self.hub, cfg)
-            for d in demonstrations(self.source, cfg.tokenizer.corpus_demos, seed=cfg.seed + 17):
+            if cfg.sft.dataset is not None:  # the transcripts are the corpus
+                from miles_engine.train.sft_data import corpus_texts
+
+                texts = corpus_texts(cfg.sft.dataset, boot, cfg.tokenizer.corpus_demos)
+            for d in [] if texts else demonstrations(self.source, cfg.tokenizer.corpus_demos, seed=cfg.seed + 17):
                 texts.append(boot.render(normalize_messages(d.conversation()), normalize_tools(d.tools),
                                          add_generation_prompt=False))
         tokenizer = policy_tokenizer(cfg.chat_family.name, texts, cfg.tokenizer)
@@ -261,7 +268,7 @@ class TrainingStack:
 
         if self.opd is not None:
             await self.opd.prepare()
-        if self.cfg.sft.enabled and not self.resume:
+        if self.cfg.sft.enabled and (not self.resume or self.sft_resume):
             await run_sft(self)
 
     async def push_weights(self) -> int:
