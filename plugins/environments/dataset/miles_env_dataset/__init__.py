@@ -1,7 +1,5 @@
-"""The ``dataset`` environment: one task per row of a local data file (see :mod:`.source`)."""
+"""The ``dataset`` environment: one task per row of a local data file (see :mod:`.source`).
 
-from miles_env_dataset.fields import FieldMap, TaskSpec
-from miles_env_dataset.options import DatasetEnvOptions
-from miles_env_dataset.source import DatasetSource
-
-__all__ = ["DatasetEnvOptions", "DatasetSource", "FieldMap", "TaskSpec"]
+Import ``DatasetSource`` from :mod:`miles_env_dataset.source` and the options from
+:mod:`miles_env_dataset.options` (this package imports nothing, so the plugin's entry point
+loads on any core)."""
