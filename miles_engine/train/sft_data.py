@@ -14,12 +14,21 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from miles_engine.data.errors import BadRows, DataError
 from miles_engine.data.files import DataFileOptions, open_rows
 from miles_engine.data.splits import SplitOptions, check_disjoint, in_eval
 from miles_engine.data.transcripts import Transcript, TranscriptFields, parse_transcript, transcript_row
+
+
+class ExportDemos(BaseModel):
+    """Write ``path`` first from the recipe environment's demonstrations (e.g. the shell drills)."""
+
+    model_config = ConfigDict(extra="forbid")
+    n: int = Field(2000, ge=1, description="demonstrations exported")
+    seed: int = 0
+    wrong_fraction: float | None = Field(None, ge=0, le=1, description="default: the environment's own setting")
 
 
 class SFTDatasetConfig(DataFileOptions):
@@ -36,6 +45,8 @@ class SFTDatasetConfig(DataFileOptions):
     pack_tokens: int | None = Field(None, ge=2, description="pack steps by tokens: each step takes shuffled rows "
                                     "while their total stays within this budget (instead of sft.batch_size rows)")
     eval_every: int = Field(0, ge=0, description="SFT steps between eval-loss passes (0: only after the last)")
+    export_demos: ExportDemos | None = Field(None, description="(re)write `path` at start-up as JSONL "
+                                             "transcripts of the environment's demonstrations")
     checkpoint_every: int = Field(0, ge=0, description="SFT steps between SFT checkpoints (0: only when stopped "
                                   "early; the end of SFT is RL step 0's checkpoint)")
 
@@ -113,9 +124,35 @@ def load_sft_data(codec: Any, cfg: SFTDatasetConfig) -> SFTData:
     return SFTData(train, held, bad, h.hexdigest(), train_t)
 
 
-def corpus_texts(cfg: SFTDatasetConfig, codec: Any, limit: int) -> list[str]:
+def export_demonstrations(cfg: SFTDatasetConfig, source: Any) -> None:
+    """``export_demos``: JSONL rows ``{task_id, messages, tools}``, written atomically, unchanged
+    when the file already holds exactly them."""
+    if cfg.export_demos is None:
+        return
+    import json
+    import os
+
+    from miles_engine.train.stack import demonstrations
+
+    e = cfg.export_demos
+    lines = [json.dumps({"task_id": f"{d.task.id}", "messages": d.conversation(), "tools": d.tools}, sort_keys=True)
+             for d in demonstrations(source, e.n, seed=e.seed, wrong_fraction=e.wrong_fraction)]
+    text = "".join(line + "\n" for line in lines)
+    path = cfg.resolved
+    if path.is_file() and path.read_text(encoding="utf-8") == text:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def corpus_texts(cfg: SFTDatasetConfig, codec: Any, limit: int, source: Any = None) -> list[str]:
     """Rendered training transcripts (the policy tokenizer's corpus when it is trained at start-up)."""
     from miles_engine.tito.messages import normalize_messages, normalize_tools
+
+    if source is not None:
+        export_demonstrations(cfg, source)
 
     bad = BadRows(str(cfg.resolved))
     texts = []

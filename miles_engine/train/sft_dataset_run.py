@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from miles_engine.errors import ConfigError
 from miles_engine.train import checkpoint
-from miles_engine.train.sft_data import SFTData, load_sft_data, schedule
+from miles_engine.train.sft_data import SFTData, export_demonstrations, load_sft_data, schedule
 
 if TYPE_CHECKING:
     from miles_engine.train.stack import TrainingStack
@@ -123,6 +123,7 @@ async def run_sft_dataset(stack: TrainingStack) -> None:
     cfg = stack.cfg.sft
     dcfg = cfg.dataset
     assert dcfg is not None
+    await asyncio.to_thread(export_demonstrations, dcfg, stack.source)
     data = await asyncio.to_thread(load_sft_data, stack.codec, dcfg)
     if data.bad.count:
         print(data.bad.summary())

@@ -188,7 +188,7 @@ class TrainingStack:
             if cfg.sft.dataset is not None:  # the transcripts are the corpus
                 from miles_engine.train.sft_data import corpus_texts
 
-                texts = corpus_texts(cfg.sft.dataset, boot, cfg.tokenizer.corpus_demos)
+                texts = corpus_texts(cfg.sft.dataset, boot, cfg.tokenizer.corpus_demos, self.source)
             for d in [] if texts else demonstrations(self.source, cfg.tokenizer.corpus_demos, seed=cfg.seed + 17):
                 texts.append(boot.render(normalize_messages(d.conversation()), normalize_tools(d.tools),
                                          add_generation_prompt=False))
