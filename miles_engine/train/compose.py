@@ -55,6 +55,8 @@ class Components:
     metrics: Any  # MetricsLogger
     samples: Any  # SampleLog
     resumed: checkpoint.Loaded | None
+    policy: Any  # the model (or path) the trainer and engines started from
+    resume_sft: bool = False  # --resume of a run stopped during its sft.dataset warm start
 
 
 class Teardown(AsyncExitStack):
@@ -98,9 +100,12 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
     from miles_engine.rollout.modes import validate_mode
     from miles_engine.rollout.tasks import TaskStream
 
+    from miles_engine.train.sft_dataset_run import resumes_sft
+
     crash_points.check_env()
     resumed = None
-    if resume_run:  # read and check it first: a bad checkpoint fails before anything starts
+    resume_sft = resume_run and resumes_sft(run_dir)  # stopped mid-SFT: no RL checkpoint yet
+    if resume_run and not resume_sft:  # read and check it first: a bad checkpoint fails before anything starts
         t0 = time.perf_counter()
         resumed = await asyncio.to_thread(checkpoint.load_latest, run_dir)
         resumed.load_s = time.perf_counter() - t0
@@ -140,7 +145,7 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
     return Components(cfg=cfg, run_dir=run_dir, hub=hub, source=source, tasks=tasks, codec=codec,
                       tokenizer_sha=tokenizer_sha, trainer=trainer, engines=engines, server=server,
                       transport=transport, buffer=buffer, scheduler=scheduler, mode=mode, opd=opd, metrics=metrics,
-                      samples=samples, resumed=resumed)
+                      samples=samples, resumed=resumed, policy=policy, resume_sft=resume_sft)
 
 
 def _preflight_sandbox(cfg: RecipeConfig, source: Any, tasks: Any, sandboxes: Any) -> None:

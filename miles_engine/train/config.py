@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from miles_engine.rollout.scheduler import SchedulerOptions
+from miles_engine.train.sft_data import SFTDatasetConfig
 from miles_engine.weights.check.options import CheckOptions, CheckTolerance
 from miles_engine.weights.disk_delta.options import DiskDeltaOptions
 
@@ -50,6 +51,8 @@ class SFTRunConfig(_Section):
     epochs: float = Field(1.0, gt=0)
     wrong_fraction: float | None = Field(None, ge=0, le=1, description="default: the environment's own setting")
     max_minutes: float | None = Field(None, gt=0, description="stop the warm start early after this long")
+    dataset: SFTDatasetConfig | None = Field(None, description="train on these chat transcripts instead of the "
+                                             "environment's demonstrations (demos, wrong_fraction unused)")
 
 
 class RolloutConfig(SchedulerOptions):
@@ -85,7 +88,7 @@ class WeightsConfig(_Section):
 
 
 class RunConfig(_Section):
-    steps: int = Field(100, ge=1, description="RL steps")
+    steps: int = Field(100, ge=0, description="RL steps (0: an SFT-only run)")
     max_minutes: float | None = Field(None, gt=0, description="stop RL after this long (wall clock, whole run)")
     out_dir: str = "runs"
     name: str | None = Field(None, description="run directory name (default: recipe name + timestamp)")

@@ -8,9 +8,12 @@ from miles_engine.train.run import TrainingRun
 async def train(run: TrainingRun) -> int:
     """Warm start, push the trainer's weights, then {get groups, train, checkpoint, push}."""
     await run.warm_start()
+    if run.stop_requested:  # stopped during SFT: its own checkpoint is written, RL has not begun
+        return run.step
     await run.maybe_checkpoint(run.step)  # resumable from the first RL step (no-op when resumed)
     await run.push_weights()  # engines start from the trainer's own (or the restored) weights and version
-    await run.mode.start()
+    if run.cfg.run.steps:  # run.steps 0: an SFT-only run starts no rollouts
+        await run.mode.start()
     step = run.step
     for step in run.steps():
         groups = await run.next_groups(step)

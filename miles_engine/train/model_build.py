@@ -35,7 +35,11 @@ def build_codec(cfg: RecipeConfig, hub: Hub, source: Any) -> Any:
     texts: list[str] = []
     if not cfg.tokenizer.path:
         boot = bootstrap_codec(hub, cfg)
-        for d in demonstrations(source, cfg.tokenizer.corpus_demos, seed=cfg.seed + 17):
+        if cfg.sft.dataset is not None:  # the transcripts are the corpus
+            from miles_engine.train.sft_data import corpus_texts
+
+            texts = corpus_texts(cfg.sft.dataset, boot, cfg.tokenizer.corpus_demos, source)
+        for d in [] if texts else demonstrations(source, cfg.tokenizer.corpus_demos, seed=cfg.seed + 17):
             texts.append(boot.render(normalize_messages(d.conversation()), normalize_tools(d.tools),
                                      add_generation_prompt=False))
     tokenizer = policy_tokenizer(cfg.chat_family.name, texts, cfg.tokenizer)

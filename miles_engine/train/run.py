@@ -67,10 +67,11 @@ class TrainingRun:
 
         if self.parts.opd is not None:
             await self.parts.opd.prepare(stop=lambda: self.stop_requested)
-        if self.cfg.sft.enabled and self.parts.resumed is None:
-            p = self.parts
+        p = self.parts
+        if self.cfg.sft.enabled and p.resumed is None:  # a fresh run, or one stopped during SFT
             await run_sft(SFTInputs(cfg=self.cfg, trainer=p.trainer, codec=p.codec, source=p.source,
-                                    metrics=p.metrics, stop=lambda: self.stop_requested))
+                                    metrics=p.metrics, stop=lambda: self.stop_requested, run_dir=self.run_dir,
+                                    tokenizer_sha=p.tokenizer_sha, policy=p.policy, resume_sft=p.resume_sft))
 
     async def push_weights(self) -> int:
         t0 = time.perf_counter()

@@ -7,6 +7,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from miles_engine.train.sft_rows import conversation_row
@@ -22,6 +23,11 @@ class SFTInputs:
     source: Any  # an environment with demonstrations
     metrics: Any  # MetricsLogger
     stop: Callable[[], bool] = lambda: False
+    # sft.dataset runs (their own checkpoints and exact resume, held-out eval loss):
+    run_dir: Path | None = None
+    tokenizer_sha: str = ""
+    policy: Any = None  # the policy's model or path (the eval loss scores a copy)
+    resume_sft: bool = False  # --resume of a run stopped during SFT
 
 
 async def run_sft(inputs: SFTInputs) -> None:
@@ -29,6 +35,10 @@ async def run_sft(inputs: SFTInputs) -> None:
     from miles_engine.trainer.rows import SFTRow
 
     recipe, cfg = inputs.cfg, inputs.cfg.sft
+    if cfg.dataset is not None:
+        from miles_engine.train.sft_dataset_run import run_sft_dataset
+
+        return await run_sft_dataset(inputs)
     demos = demonstrations(inputs.source, cfg.demos, seed=recipe.seed + 1, wrong_fraction=cfg.wrong_fraction)
     rows = [SFTRow(*conversation_row(inputs.codec, d.prompt, d.messages, d.tools)) for d in demos]
     steps = max(1, math.ceil(len(rows) * cfg.epochs / cfg.batch_size))
