@@ -10,6 +10,7 @@ async def train(stack: TrainingStack) -> int:
     await stack.warm_start()
     await stack.maybe_checkpoint(stack.step)  # resumable from the first RL step (no-op when resumed)
     await stack.push_weights()  # engines start from the trainer's own (or the restored) weights and version
+    await stack.evaluator.after_step(stack.step, stack.version)  # eval.at_start: the starting weights
     await stack.mode.start()
     step = stack.step
     for step in stack.steps():
@@ -20,6 +21,7 @@ async def train(stack: TrainingStack) -> int:
         version = await stack.push_weights()
         await stack.mode.after_push(version)
         stack.log(step, groups, metrics)
+        await stack.evaluator.after_step(step, version)  # every eval.every steps (eval/*, RUN_DIR/eval/)
         if stack.should_stop():
             break
     await stack.maybe_checkpoint(step, final=True)

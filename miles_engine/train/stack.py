@@ -96,7 +96,9 @@ class TrainingStack:
         os.environ.setdefault(RUN_ID_ENV, self.run_dir.name)
         self.backend = hub.create("sandbox", cfg.sandbox.backend, cfg.sandbox.options, where="sandbox.options")
         self._closers.append(self.backend.aclose)
-        self.tasks = TaskStream(self.source, seed=cfg.rollout.task_seed)
+        from miles_engine.evaluation.splits import train_filter
+
+        self.tasks = TaskStream(self.source, seed=cfg.rollout.task_seed, task_filter=train_filter(cfg.eval, self.source))
         self._preflight_sandbox()
         self.codec = self._build_codec()
         self.tokenizer_sha = resume.tokenizer_sha256(self.codec.tokenizer)
@@ -141,6 +143,10 @@ class TrainingStack:
                                      run_config=cfg.model_dump(mode="json"))
         self.samples = SampleLog(self.run_dir, cfg.metrics.samples_per_step, self.codec.tokenizer.decode)
         self._closers.append(lambda: asyncio.to_thread(self.samples.close))
+        from miles_engine.evaluation.evaluator import build_evaluator
+
+        self.evaluator = await build_evaluator(self)  # eval.every unset: a no-op one
+        self._closers.insert(0, self.evaluator.aclose)  # drains queued evals before the engines stop
         (self.run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
         if self.resumed is not None:
             await self._restore(self.resumed)
