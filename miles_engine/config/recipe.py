@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from miles_engine.config.errors import format_validation_error
+from miles_engine.evaluation.config import EvalConfig  # the `eval` section (miles eval, eval during training)
 from miles_engine.metrics import MetricsConfig
 from miles_engine.rewards.config import RewardConfig
 from miles_engine.rollout.buffer import BufferOptions
@@ -45,15 +46,6 @@ class ComponentRef(Section):
 class SandboxRef(Section):
     backend: str = "local"
     options: dict[str, Any] = Field(default_factory=dict)
-
-
-class EvalConfig(Section):
-    """How ``miles eval`` runs a recipe's agent over the environment's tasks."""
-
-    jobs: int = Field(4, ge=1, le=1024, description="episodes run concurrently")
-    attempts: int = Field(1, ge=1, description="attempts per task")
-    limit: int | None = Field(None, ge=1, description="evaluate only the first N tasks")
-    tasks: list[str] | None = Field(None, description="evaluate only these task ids")
 
 
 class RecipeConfig(Section):
@@ -135,6 +127,8 @@ def load_recipe(ref: str | Path, overrides: list[str] | None = None, hub: Hub | 
         "agent": ("agent", recipe.agent.name, recipe.agent.options),
         "chat_family": ("chat_family", recipe.chat_family.name, recipe.chat_family.options),
     }
+    if recipe.eval.environment is not None:
+        refs["eval.environment"] = ("environment", recipe.eval.environment.name, recipe.eval.environment.options)
     for i, ref in enumerate(recipe.reward.components or []):
         refs[f"reward.components.{i}"] = ("reward", ref.name, ref.options)
     for i, group in enumerate(recipe.engines):

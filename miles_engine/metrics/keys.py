@@ -69,6 +69,9 @@ PUSH_PAUSE = "weights/pause_s"
 
 # --- eval rows ------------------------------------------------------------------------------
 EVAL_REWARD = "eval/reward"
+EVAL_PASS_PREFIX = "eval/pass@"        # eval/pass@<k>; each eval/<x> has _se, _ci_low, _ci_high
+EVAL_LAG = "eval/lag_steps"           # training steps finished between the weights and their score
+EVAL_WEIGHT_VERSION = "eval/weight_version"
 
 # Other spellings accepted by the report (canonical -> aliases).
 ALIASES: dict[str, tuple[str, ...]] = {

@@ -146,6 +146,11 @@ class RunData:
         _, ev = self.series(K.EVAL_REWARD, None)
         if ev:
             out["eval reward, last"] = ev[-1]
+            _, low = self.series(K.EVAL_REWARD + "_ci_low", None)
+            _, high = self.series(K.EVAL_REWARD + "_ci_high", None)
+            if low and high:
+                out["eval reward, first"] = ev[0]
+                out["eval reward, last: 95% interval low"], out["eval reward, last: 95% interval high"] = low[-1], high[-1]
         return out
 
     def final_values(self, kind: str = "train") -> dict[str, float]:

@@ -128,6 +128,26 @@ def draw_train(data: RunData, fig: Figure) -> bool:
     return True
 
 
+def draw_eval(data: RunData, fig: Figure) -> bool:
+    """Held-out reward and pass@k per evaluated step, each with its 95% bootstrap interval."""
+    names = [K.EVAL_REWARD] + sorted(k for k in data.keys(None) if k.startswith(K.EVAL_PASS_PREFIX)
+                                     and k.count("_") == 0)
+    names = [n for n in names if data.has(n, None)]
+    if not names:
+        return False
+    ax = fig.subplots()
+    for name in names:
+        steps, values = data.series(name, None)
+        line, = ax.plot(steps, values, marker="o", label=name.removeprefix("eval/"))
+        lo, hi = data.series(f"{name}_ci_low", None), data.series(f"{name}_ci_high", None)
+        if lo[0] and lo[0] == hi[0]:
+            ax.fill_between(lo[0], lo[1], hi[1], color=line.get_color(), alpha=0.2)
+    ax.set_title("held-out eval (shaded: 95% bootstrap interval over tasks)")
+    ax.set_ylim(-0.02, 1.02)
+    _style(ax)
+    return True
+
+
 # (file stem, title, draw, figure size); order is the page order.
 FIGURES: list[tuple[str, str, Draw, tuple[float, float]]] = [
     ("reward", "Reward", draw_reward, (12, 4)),
@@ -138,7 +158,7 @@ FIGURES: list[tuple[str, str, Draw, tuple[float, float]]] = [
     ("queue", "Buffer queue size", _single("buffer queue size (groups)", [(K.QUEUE_SIZE, "queue size")]), (7, 4)),
     ("tis", "Train-rollout mismatch (TIS)", draw_tis, (12, 4)),
     ("step_time", "Step time", draw_step_time, (9, 4.5)),
-    ("eval", "Eval reward", _single("eval reward", [(K.EVAL_REWARD, "eval reward")], kind=None), (7, 4)),
+    ("eval", "Eval reward", draw_eval, (7, 4)),
     ("sft_loss", "SFT warm start", _single("SFT loss", [(K.SFT_LOSS, "loss")], kind="sft"), (7, 4)),
     ("opd", "On-policy distillation", _single("per-token reverse KL to the teacher",
                                               [(K.OPD_REVERSE_KL, "reverse KL"),

@@ -25,6 +25,7 @@ import yaml
 
 from miles_engine.config.recipe import RecipeConfig
 from miles_engine.errors import ConfigError
+from miles_engine.evaluation.evaluator import EvalInputs
 from miles_engine.hub import Hub, default_hub
 from miles_engine.sandbox.remote import RUN_ID_ENV
 from miles_engine.train import checkpoint, crash_points, resume
@@ -56,7 +57,16 @@ class Components:
     samples: Any  # SampleLog
     resumed: checkpoint.Loaded | None
     policy: Any  # the model (or path) the trainer and engines started from
+    evaluator: Any  # Evaluator: after_step(step, version) (a no-op one without eval.every)
+    progress: RunProgress
     resume_sft: bool = False  # --resume of a run stopped during its sft.dataset warm start
+
+
+@dataclass
+class RunProgress:
+    """The step the run is at, for components that report lag (the evaluator)."""
+
+    step: int = 0
 
 
 class Teardown(AsyncExitStack):
@@ -125,7 +135,9 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
     os.environ.setdefault(RUN_ID_ENV, run_dir.name)
     sandboxes = hub.create("sandbox", cfg.sandbox.backend, cfg.sandbox.options, where="sandbox.options")
     stack.push_async_callback(sandboxes.aclose)
-    tasks = TaskStream(source, seed=cfg.rollout.task_seed)
+    from miles_engine.evaluation.splits import train_filter
+
+    tasks = TaskStream(source, seed=cfg.rollout.task_seed, task_filter=train_filter(cfg.eval, source))
     _preflight_sandbox(cfg, source, tasks, sandboxes)
     codec = build_codec(cfg, hub, source)
     tokenizer_sha = resume.tokenizer_sha256(codec.tokenizer)
@@ -138,14 +150,21 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
     server = await _start_server(cfg, engines, codec, stack)
     transport = await _start_transport(cfg, run_dir, engines, trainer, resumed, stack)
     opd = _build_opd(cfg, hub, run_dir, codec, source, tasks, metrics, engines, stack)
-    scheduler, mode = _build_rollout(cfg, hub, run_dir, source, tasks, sandboxes, server, buffer, engines, opd,
-                                     resumed, stack)
+    reward = _build_reward(cfg, hub, stack)
+    scheduler, mode = _build_rollout(cfg, hub, run_dir, source, tasks, sandboxes, server, buffer, engines, reward,
+                                     opd, resumed, stack)
     samples = _sample_log(cfg, run_dir, codec, stack)
+    progress = RunProgress()
+    evaluator = await _build_evaluator(EvalInputs(
+        cfg=cfg, run_dir=run_dir, hub=hub, source=source, tasks=tasks, backend=sandboxes, reward=reward,
+        metrics=metrics, scheduler=scheduler, server=server, model=policy, codec=codec, trainer=trainer,
+        progress=progress), stack)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     return Components(cfg=cfg, run_dir=run_dir, hub=hub, source=source, tasks=tasks, codec=codec,
                       tokenizer_sha=tokenizer_sha, trainer=trainer, engines=engines, server=server,
                       transport=transport, buffer=buffer, scheduler=scheduler, mode=mode, opd=opd, metrics=metrics,
-                      samples=samples, resumed=resumed, policy=policy, resume_sft=resume_sft)
+                      samples=samples, resumed=resumed, policy=policy, evaluator=evaluator, progress=progress,
+                      resume_sft=resume_sft)
 
 
 def _preflight_sandbox(cfg: RecipeConfig, source: Any, tasks: Any, sandboxes: Any) -> None:
@@ -210,17 +229,29 @@ def _build_opd(cfg: RecipeConfig, hub: Hub, run_dir: Path, codec: Any, source: A
     return opd
 
 
-def _build_rollout(cfg: RecipeConfig, hub: Hub, run_dir: Path, source: Any, tasks: Any, sandboxes: Any, server: Any,
-                   buffer: Any, engines: Any, opd: Any, resumed: checkpoint.Loaded | None,
-                   stack: AsyncExitStack) -> tuple[Any, Any]:
+def _build_reward(cfg: RecipeConfig, hub: Hub, stack: AsyncExitStack) -> Any:
     from miles_engine.rewards.stack import build_reward_stack
-    from miles_engine.rollout.modes import create_mode
-    from miles_engine.rollout.scheduler import Scheduler
-    from miles_engine.train.episodes import EpisodeTrajectories
 
     reward = build_reward_stack(hub, cfg.reward)
     if reward is not None:
         stack.push_async_callback(reward.aclose)
+    return reward
+
+
+async def _build_evaluator(inputs: Any, stack: AsyncExitStack) -> Any:
+    from miles_engine.evaluation.evaluator import build_evaluator
+
+    evaluator = await build_evaluator(inputs)
+    stack.push_async_callback(evaluator.aclose)  # drains queued evals before the engines stop
+    return evaluator
+
+
+def _build_rollout(cfg: RecipeConfig, hub: Hub, run_dir: Path, source: Any, tasks: Any, sandboxes: Any, server: Any,
+                   buffer: Any, engines: Any, reward: Any, opd: Any, resumed: checkpoint.Loaded | None,
+                   stack: AsyncExitStack) -> tuple[Any, Any]:
+    from miles_engine.rollout.modes import create_mode
+    from miles_engine.rollout.scheduler import Scheduler
+    from miles_engine.train.episodes import EpisodeTrajectories
 
     def make_agent() -> Any:
         options = {**cfg.agent.options, "server_url": server.url}

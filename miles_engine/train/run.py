@@ -44,7 +44,7 @@ class TrainingRun:
         self.parts.buffer.restore(loaded.rollout.buffered)
         consumed.truncate_after(self.run_dir, loaded.step)
         checkpoint.set_rng_states(loaded.rng)
-        self.step = self.current_step = self.saved_step = loaded.step
+        self.step = self.current_step = self.saved_step = self.parts.progress.step = loaded.step
         self.checkpoint_metrics["checkpoint/restore_s"] = time.perf_counter() - t0 + getattr(loaded, "load_s", 0.0)
         print(f"resumed from {loaded.path}: step {loaded.step}, weight version {self.version}, data cursor "
               f"{loaded.rollout.cursor}, {len(loaded.rollout.buffered)} buffered group(s) restored, "
@@ -72,6 +72,10 @@ class TrainingRun:
             await run_sft(SFTInputs(cfg=self.cfg, trainer=p.trainer, codec=p.codec, source=p.source,
                                     metrics=p.metrics, stop=lambda: self.stop_requested, run_dir=self.run_dir,
                                     tokenizer_sha=p.tokenizer_sha, policy=p.policy, resume_sft=p.resume_sft))
+
+    async def evaluate(self, step: int, version: int) -> None:
+        """Every ``eval.every`` steps: shared, dedicated or external (eval/*, RUN_DIR/eval/)."""
+        await self.parts.evaluator.after_step(step, version)
 
     async def push_weights(self) -> int:
         t0 = time.perf_counter()
@@ -129,7 +133,7 @@ class TrainingRun:
 
     def log(self, step: int, groups: list[Group], train_metrics: dict[str, float]) -> None:
         p = self.parts
-        self.step = step
+        self.step = p.progress.step = step
         metrics = {**group_metrics(groups),
                    **{k if k.startswith(_UNPREFIXED) else f"train/{k}": v for k, v in train_metrics.items()}}
         metrics.update(p.buffer.metrics(self.version))

@@ -129,6 +129,18 @@ class HarborSource:
         return load_harbor_task(task_dir, task_id=task_id, source=self.name, ignore_dockerfile=self.ignore_dockerfile,
                                 default_network=self.default_network, task_class=self.task_class)
 
+    def task_split(self, task_id: str) -> str | None:
+        """The split a task declares in its task.toml, ``[metadata] split = "train" | "eval" | "test"``
+        (``eval.split.by: source``); ``None`` when it declares none."""
+        task_dir = self.path if self.single_task else self.path / task_id
+        try:
+            raw = tomllib.loads((task_dir / "task.toml").read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+            return None
+        meta = raw.get("metadata")
+        split = meta.get("split") if isinstance(meta, dict) else None
+        return str(split) if split is not None else None
+
     def capabilities(self) -> EnvironmentCapabilities:
         """The widest needs over every task that loads (a malformed one is the validator's to report)."""
         tasks = []

@@ -1,0 +1,111 @@
+"""``miles eval``: a recipe's agent over its eval task set, or checkpoints' weights behind it.
+
+``evaluate(hub, cfg)`` runs the recipe's agent as configured. ``evaluate_checkpoints(hub, cfg,
+paths)`` builds the recipe's policy (codec and model as training built them), serves it on an
+embedded engine and evaluates each checkpoint's weights on the same tasks; :func:`compare`
+is the paired difference of two of them over those tasks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from miles_engine.errors import ConfigError
+from miles_engine.evaluation import stats
+from miles_engine.evaluation.runner import AttemptRecord, per_task_values, run_eval, summary_metrics
+from miles_engine.evaluation.splits import EvalTasks, select_eval_tasks
+
+
+@dataclass
+class EvalRun:
+    label: str
+    records: list[AttemptRecord]
+    metrics: dict[str, float]
+    step: int | None = None
+    weight_version: int | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@contextlib.asynccontextmanager
+async def _environment(hub: Any, cfg: Any) -> AsyncIterator[tuple[Any, EvalTasks, Any, Any]]:
+    """The training source, the eval task set, the sandbox backend and the reward stack; all closed after."""
+    from miles_engine.environments.capabilities import close_environment, preflight
+    from miles_engine.rewards.stack import build_reward_stack
+
+    closers: list[Any] = []
+    try:
+        source = hub.create("environment", cfg.environment.name, cfg.environment.options, where="environment.options")
+        closers.append(lambda: close_environment(source))
+        backend = hub.create("sandbox", cfg.sandbox.backend, cfg.sandbox.options, where="sandbox.options")
+        closers.append(backend.aclose)
+        reward = None
+        if cfg.eval.environment is None:
+            preflight(source, cfg.sandbox.backend, backend)
+            reward = build_reward_stack(hub, cfg.reward)
+            if reward is not None:
+                closers.append(reward.aclose)
+            tasks = select_eval_tasks(cfg.eval, source, from_training_env=True)
+        else:
+            env = cfg.eval.environment
+            other = hub.create("environment", env.name, env.options, where="eval.environment.options")
+            closers.append(lambda: close_environment(other))
+            preflight(other, cfg.sandbox.backend, backend)
+            tasks = select_eval_tasks(cfg.eval, other, from_training_env=False)
+        yield source, tasks, backend, reward
+    finally:
+        for close in reversed(closers):
+            await close()
+
+
+def _agent_factory(hub: Any, cfg: Any, server_url: str | None) -> Any:
+    overrides = {k: v for k, v in cfg.eval.sampling.model_dump().items() if v is not None}
+    options = {**cfg.agent.options, **overrides, **({"server_url": server_url} if server_url else {})}
+    return lambda: hub.create("agent", cfg.agent.name, options, where="agent.options")
+
+
+async def evaluate(hub: Any, cfg: Any) -> EvalRun:
+    async with _environment(hub, cfg) as (_, tasks, backend, reward):
+        records = await run_eval(tasks, _agent_factory(hub, cfg, None), backend, cfg.eval, reward=reward)
+    return EvalRun(cfg.agent.name, records, summary_metrics(records, cfg.eval), info={"tasks": tasks.describe()})
+
+
+async def evaluate_checkpoints(hub: Any, cfg: Any, paths: Sequence[Path]) -> list[EvalRun]:
+    """Each checkpoint's weights on the same eval tasks, one embedded engine loaded in turn."""
+    from miles_engine.evaluation.policy import ServedPolicy, build_codec, build_model, read_checkpoint_weights
+    from miles_engine.train.resume import tokenizer_sha256
+
+    weights = [read_checkpoint_weights(Path(p)) for p in paths]
+    runs: list[EvalRun] = []
+    async with _environment(hub, cfg) as (source, tasks, backend, reward):
+        codec = build_codec(hub, cfg, source)
+        sha = tokenizer_sha256(codec.tokenizer)
+        for w in weights:
+            if w.tokenizer_sha256 and w.tokenizer_sha256 != sha:
+                raise ConfigError(f"--checkpoint {w.path}: it was trained with another tokenizer than this recipe "
+                                  f"builds (sha256 {w.tokenizer_sha256[:12]}… vs {sha[:12]}…); pass the run's own "
+                                  f"recipe, RUN_DIR/config.yaml")
+        served = await ServedPolicy.start(build_model(cfg, codec), codec, cfg)
+        try:
+            make_agent = _agent_factory(hub, cfg, served.url)
+            for w in weights:
+                await served.load(w.tensors, w.weight_version)
+                records = await run_eval(tasks, make_agent, backend, cfg.eval, reward=reward)
+                metrics = summary_metrics(records, cfg.eval)
+                metrics["eval/weight_version"] = float(w.weight_version)
+                runs.append(EvalRun(str(w.path), records, metrics, w.step, w.weight_version,
+                                    info={"tasks": tasks.describe()}))
+        finally:
+            await served.aclose()
+    return runs
+
+
+def compare(after: EvalRun, before: EvalRun, cfg: Any) -> dict[str, stats.Estimate]:
+    """``after - before`` of per-task reward and pass@1, paired over the tasks both scored."""
+    return {metric: stats.paired_difference(per_task_values(after.records, metric),
+                                            per_task_values(before.records, metric),
+                                            resamples=cfg.eval.bootstrap_resamples, seed=cfg.eval.seed)
+            for metric in ("reward", "pass@1")}

@@ -1,0 +1,102 @@
+"""Held-out splits: disjoint, stable across runs and processes, on the drills and on task directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from miles_engine.errors import ConfigError
+from miles_engine.evaluation.config import EvalConfig
+from miles_engine.evaluation.splits import check_disjoint, hash_fraction, select_eval_tasks, train_filter
+from miles_engine.rollout.tasks import TaskStream
+from miles_env_harbor import HarborSource
+from miles_env_terminal_tasks.drills import DrillOptions, ShellDrillsSource
+from miles_env_terminal_tasks.packaged import packaged_source
+
+
+def drills(n: int = 4000) -> ShellDrillsSource:
+    return ShellDrillsSource(DrillOptions(kinds=["echo", "calc"], num_tasks=n))
+
+
+def split_of_drills(salt: str = "miles-eval") -> tuple[list[str], list[str]]:
+    cfg = EvalConfig(every=5, split={"salt": salt})
+    source = drills()
+    train = [r.id for r in TaskStream(source, task_filter=train_filter(cfg, source)).refs]
+    held_out = select_eval_tasks(cfg, source, from_training_env=True).ids
+    return train, held_out
+
+
+def test_hash_split_of_the_drills_is_disjoint_complete_and_sized() -> None:
+    train, held_out = split_of_drills()
+    assert not set(train) & set(held_out)
+    assert sorted(train + held_out) == sorted(r.id for r in drills().list_tasks())
+    assert 0.085 < len(held_out) / 4000 < 0.115  # fraction 0.1 of 4000 ids
+    check_disjoint(train, held_out, environment="shell-drills")  # no error
+    other_train, other_eval = split_of_drills(salt="another")
+    assert set(other_eval) != set(held_out)  # another salt, another split
+
+
+def test_hash_split_is_stable_across_processes_and_pinned() -> None:
+    _, held_out = split_of_drills()
+    code = ("import json; from tests.evaluation.test_splits import split_of_drills; "
+            "print(json.dumps(split_of_drills()[1]))")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    other = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                      check=True, cwd=Path(__file__).resolve().parents[2]).stdout)
+    assert other == held_out
+    # pinned: a change of the hash or of its input format would move tasks between the sides
+    assert held_out[:3] == PINNED_FIRST_EVAL_IDS
+    assert hash_fraction("calc-000001", "miles-eval") == pytest.approx(PINNED_FRACTION, abs=1e-15)
+
+
+PINNED_FIRST_EVAL_IDS = ["calc-000001", "calc-000003", "calc-000013"]
+PINNED_FRACTION = 0.08689196766539092
+
+
+def test_a_split_is_required_when_training_and_eval_tasks_overlap() -> None:
+    source = drills(50)
+    cfg = EvalConfig(every=5, split={"by": "none"})
+    assert train_filter(cfg, source) is None
+    train = [r.id for r in TaskStream(source).refs]
+    eval_ids = select_eval_tasks(cfg, source, from_training_env=True).ids
+    with pytest.raises(ConfigError, match=r"50 of the 50 eval task\(s\) are also training tasks .*eval.split.by"):
+        check_disjoint(train, eval_ids, environment="shell-drills")
+
+
+def test_source_split_of_a_task_directory(tmp_path: Path) -> None:
+    for name, split in (("alpha", "train"), ("beta", "eval"), ("gamma", None), ("delta", "test")):
+        d = tmp_path / name
+        d.mkdir()
+        meta = f'\n[metadata]\nsplit = "{split}"\n' if split else ""
+        (d / "task.toml").write_text(f'schema_version = "1.4"\n{meta}')
+        (d / "instruction.md").write_text("do it")
+    source = HarborSource(tmp_path, name="dir")
+    cfg = EvalConfig(every=1, split={"by": "source"})
+    train = [r.id for r in TaskStream(source, task_filter=train_filter(cfg, source)).refs]
+    held_out = select_eval_tasks(cfg, source, from_training_env=True).ids
+    assert sorted(train) == ["alpha", "gamma"] and sorted(held_out) == ["beta", "delta"]
+
+
+def test_hash_split_of_the_packaged_task_directories() -> None:
+    source = packaged_source()
+    cfg = EvalConfig(every=1, split={"fraction": 0.3})
+    train = {r.id for r in TaskStream(source, task_filter=train_filter(cfg, source)).refs}
+    held_out = select_eval_tasks(cfg, source, from_training_env=True).ids
+    assert held_out and not train & set(held_out)
+    assert train | set(held_out) == set(source.task_ids())
+
+
+def test_source_split_needs_a_source_that_declares_one() -> None:
+    with pytest.raises(ConfigError, match="declares no split of its own"):
+        train_filter(EvalConfig(every=1, split={"by": "source"}), drills(10))
+
+
+def test_no_split_outside_training_by_default() -> None:
+    cfg = EvalConfig(limit=7)
+    assert cfg.split_method == "none" and train_filter(cfg, drills(10)) is None
+    assert select_eval_tasks(cfg, drills(10), from_training_env=True).ids == [r.id for r in drills(7).list_tasks()]
