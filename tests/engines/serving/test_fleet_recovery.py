@@ -24,7 +24,7 @@ from miles_engine.engines.supervisor import SupervisedEngine
 from miles_engine.weights import create_transport
 from miles_engine.weights.check import CheckOptions, WeightCheckError
 from miles_engine.weights.tensors import digests
-from tests.engines.serving.test_supervisor import closed
+from tests.engines.serving.test_supervisor import group_gone
 from tests.rollout.helpers import run
 from tests.weights.helpers import TINY_QWEN3, differing, trainer_model
 
@@ -68,6 +68,14 @@ def engines(tmp: Path, n: int, restore: Any = None) -> list[SupervisedEngine]:
 async def start(sups: list[SupervisedEngine]) -> list[int]:
     await asyncio.gather(*(s.start() for s in sups))
     return [s.process.pid for s in sups]
+
+
+async def close_all(sups: list[SupervisedEngine], pgids: list[int]) -> None:
+    await asyncio.gather(*(s.aclose() for s in sups))
+    stray = [p for p in pgids if not group_gone(p)]
+    for pgid in stray:
+        os.killpg(pgid, signal.SIGKILL)
+    assert not stray, f"process groups {stray} outlived their supervisors"
 
 
 async def kill_and_wait_restart(sup: SupervisedEngine, pgids: list[int]) -> None:
@@ -115,7 +123,7 @@ def test_sigkill_in_flight_then_broadcast_rebuilds_and_check_names_a_corrupted_t
             assert stats.tensors_checked == 2 * len(trainer.digests()) and transport.inner.builds == 1
 
             # requests in flight on both engines; e0's process is SIGKILLed under them
-            reqs = [GenerateRequest([1 + i, 2, 3], SamplingParams(max_new_tokens=300, seed=i), session_id=f"s{i}")
+            reqs = [GenerateRequest([1 + i, 2, 3], SamplingParams(max_new_tokens=200, seed=i), session_id=f"s{i}")
                     for i in range(4)]
             tasks = [asyncio.create_task(router.generate(r)) for r in reqs]
             await asyncio.sleep(0.3)
@@ -125,7 +133,7 @@ def test_sigkill_in_flight_then_broadcast_rebuilds_and_check_names_a_corrupted_t
             await kill_and_wait_restart(sups[0], pgids)
             results = await asyncio.wait_for(asyncio.gather(*tasks), 150)
             for res, home, was_running in zip(results, homes, running):
-                assert res.finish_reason == "length" and len(res.output_ids) == 300 and res.info["engine"] == home
+                assert res.finish_reason == "length" and len(res.output_ids) == 200 and res.info["engine"] == home
                 assert set(res.weight_versions) == {1}  # the restarted process serves the trainer's version
                 if home == "e0" and was_running:
                     assert res.info["retries"] >= 1
@@ -155,8 +163,7 @@ def test_sigkill_in_flight_then_broadcast_rebuilds_and_check_names_a_corrupted_t
             assert "on e0" not in str(err.value)
         finally:
             await transport.close()
-            for sup in sups:
-                await closed(sup, [p for p in pgids if p is not None])
+            await close_all(sups, pgids)
     run(main(), 230)
 
 
@@ -195,8 +202,7 @@ def test_disk_delta_resyncs_a_restarted_engine_without_restore(tmp_path: Path) -
                 assert await sup.fetch_weight_version() == 3
         finally:
             await transport.close()
-            for sup in sups:
-                await closed(sup, pgids)
+            await close_all(sups, pgids)
     run(main(), 230)
 
 
