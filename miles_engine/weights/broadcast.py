@@ -13,8 +13,9 @@ at once; against real SGLang it is one broadcast per tensor, loaded bucket by bu
 are streamed: at most two buckets are materialised at a time.
 
 Fleets that change: the group is rebuilt on the next push when an engine process was replaced
-(its ``generation`` differs from when it joined: a supervised restart), when the engines
-admitted by a router changed (quarantine, re-admission), or after a push that broke the group
+(its ``generation`` differs from when it joined: a supervised restart), when the router
+quarantined or re-admitted an engine (its ``epoch`` moved: an external server that came back
+lost its group), or after a push that broke the group
 (an engine died or hung mid-broadcast). The old group is destroyed on the engines still running
 it (failures tolerated, bounded by ``control_timeout_s``) and a new one is built under a new
 name on a new rendezvous port. Every wait is bounded (``control_timeout_s`` for pause / resume /
@@ -64,6 +65,7 @@ class BroadcastTransport:
         self._store: Any = None
         self._engines: list[Any] = []
         self._generations: list[Any] = []  # each member's process generation when it joined
+        self._epoch: Any = None  # the router's admission epoch when the group was built
         self._broken: str | None = None
         self._active_name = group_name
         self.builds = 0  # groups built so far (a rebuild after a restart or a quarantine adds one)
@@ -81,6 +83,8 @@ class BroadcastTransport:
         return self._fleet_change(engines)
 
     def _fleet_change(self, engines: list[Any]) -> str | None:
+        if getattr(self.targets, "epoch", None) != self._epoch:  # an engine left or came back (even the same one)
+            return "the router quarantined or re-admitted an engine"
         if [id(e) for e in engines] != [id(e) for e in self._engines]:
             return f"the admitted engines changed ({len(self._engines)} -> {len(engines)})"
         replaced = [engine_name(e, i) for i, (e, g) in enumerate(zip(engines, self._generations))
@@ -133,6 +137,7 @@ class BroadcastTransport:
         self.builds += 1
         self._active_name, self._engines = name, engines
         self._generations = [self._generation(e) for e in engines]
+        self._epoch = getattr(self.targets, "epoch", None)
         self._store = await asyncio.to_thread(dist.master_store, self.master_address, world, self.timeout_s)
         port = self._store.port
         group = dist.in_daemon_thread(
@@ -239,7 +244,8 @@ class BroadcastTransport:
 
     async def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushStats:
         def fleet() -> list[tuple[int, Any]]:
-            return [(id(e), self._generation(e)) for e in engines_of(self.targets)]
+            return [(getattr(self.targets, "epoch", None), 0),
+                    *((id(e), self._generation(e)) for e in engines_of(self.targets))]
 
         before = fleet()
         try:
