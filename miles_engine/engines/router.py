@@ -92,6 +92,7 @@ class Router:
         self.restore = restore
         self.retry_unavailable = retry_unavailable
         self.no_healthy_since: float | None = None  # time.monotonic() when the last admitted engine left
+        self.epoch = 0  # bumped on every quarantine and re-admission (a broadcast group then rebuilds)
         self._metrics_at = time.monotonic()
         self._affinity: OrderedDict[str, EngineSlot] = OrderedDict()
         self._rid_slot: dict[str, EngineSlot] = {}
@@ -185,6 +186,7 @@ class Router:
     def _quarantine(self, slot: EngineSlot, reason: str) -> None:
         if slot.healthy:
             log.warning("router: quarantining %s: %s", slot.name, reason)
+            self.epoch += 1
         slot.healthy, slot.ok_streak, slot.last_error = False, 0, reason
         if self.no_healthy_since is None and not self._admitted():
             self.no_healthy_since = time.monotonic()
@@ -246,6 +248,7 @@ class Router:
                 return
             slot.healthy, slot.fail_streak, slot.last_error = True, 0, None
             self.no_healthy_since = None
+            self.epoch += 1
             log.info("router: readmitted %s", slot.name)
 
     def _current_version(self) -> int:

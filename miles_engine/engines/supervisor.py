@@ -89,6 +89,8 @@ class SupervisedEngine(WeightSyncDelegation):
         self._version = 0
         self._weights: Path | None = None  # the update_weights snapshot ...
         self._weights_version = 0  # ... and the version it holds
+        # whether a fresh process (initial weights) plus the snapshot make the snapshot's version
+        self._complete = True
         self._owned_weights: Path | None = None
         self._source = "initial"  # what pushed the current weights: initial, update_weights, broadcast, disk_delta
         self._delta_sync: dict[str, Any] | None = None  # the last disk_delta sync call (re-sent after a restart)
@@ -132,13 +134,14 @@ class SupervisedEngine(WeightSyncDelegation):
         if self._source == "disk_delta" and self._delta_sync is not None:
             answer = await client.update_weights_from_disk_delta(**{**self._delta_sync, "resync": True})
             return int(answer["weight_version"])
-        if self._weights is not None:
+        if self._weights is not None and self._complete:
             if self._source != "update_weights":
                 log.warning("%s: restarted without a restore callback after a %s push: it serves its last "
                             "update_weights snapshot, version %d", self.name, self._source, self._weights_version)
             return await client.update_weights(self._weights, version=self._weights_version)
         if self._source != "initial":
-            log.warning("%s: restarted without a restore callback after a %s push: it serves its initial "
+            log.warning("%s: restarted without a restore callback (or a complete snapshot) after a %s push: it "
+                        "serves its initial "
                         "weights, version %d", self.name, self._source, client.weight_version)
         return client.weight_version
 
@@ -304,20 +307,25 @@ class SupervisedEngine(WeightSyncDelegation):
 
     async def update_weights(self, weights: Mapping[str, Any] | Path, *, version: int | None = None) -> int:
         target = self._version + 1 if version is None else int(version)
-        previous = (self._weights, self._owned_weights, self._weights_version, self._version, self._source)
+        previous = (self._weights, self._owned_weights, self._weights_version, self._complete, self._version,
+                    self._source)
         if isinstance(weights, (str, Path)):
-            path, owned = Path(weights), None
+            path, owned, complete, payload = Path(weights), None, True, Path(weights)
         else:
-            path = owned = await asyncio.to_thread(self._save, weights, target)
+            # merged into the snapshot only while the snapshot is current (not after another transport's push)
+            base = self._source in ("initial", "update_weights") and self._complete
+            path = owned = await asyncio.to_thread(self._save, weights, target, base)
+            complete = base or {m.name for m in self._metadata} <= set(weights)
+            payload = weights  # only these tensors go to the process
         # Recorded first: a restart from here on re-applies these weights at this version.
-        self._weights, self._owned_weights, self._weights_version = path, owned, target
+        self._weights, self._owned_weights, self._weights_version, self._complete = path, owned, target, complete
         self._version, self._source = target, "update_weights"
         try:
             for _ in range(self.max_request_retries + 1):
                 client = await self._live()
                 generation = self._generation
                 try:
-                    await client.update_weights(path, version=target)
+                    await client.update_weights(payload, version=target)
                     break
                 except EngineUnavailable:
                     await self._after_failure(generation)
@@ -327,23 +335,22 @@ class SupervisedEngine(WeightSyncDelegation):
             else:
                 raise EngineUnavailable(f"{self.name}: could not push weights v{target}")
         except Exception:
-            self._weights, self._owned_weights, self._weights_version, self._version, self._source = previous
-            if owned is not None:
+            (self._weights, self._owned_weights, self._weights_version, self._complete, self._version,
+             self._source) = previous
+            if owned is not None and owned != previous[1]:
                 shutil.rmtree(owned, ignore_errors=True)
             raise
         if previous[1] is not None and previous[1] != owned:
             shutil.rmtree(previous[1], ignore_errors=True)
         return target
 
-    def _save(self, weights: Mapping[str, Any], version: int) -> Path:
-        """Write the snapshot of ``version``: a partial push is merged into the previous snapshot."""
+    def _save(self, weights: Mapping[str, Any], version: int, merge: bool) -> Path:
+        """Write the snapshot of ``version`` (``merge``: over the previous snapshot's tensors)."""
         from safetensors.torch import load_file, save_file
 
         named = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
-        if self._weights is not None and self._metadata and set(named) != {m.name for m in self._metadata}:
-            prev = self._weights / "model.safetensors"
-            if prev.is_file():
-                named = {**load_file(str(prev)), **named}
+        if merge and self._weights is not None and (self._weights / "model.safetensors").is_file():
+            named = {**load_file(str(self._weights / "model.safetensors")), **named}
         final = self.state_dir / f"weights_v{version:06d}"
         tmp = self.state_dir / f".tmp_weights_v{version:06d}"
         shutil.rmtree(tmp, ignore_errors=True)

@@ -11,6 +11,17 @@ Against our servers a bucket is one flat ``uint8`` broadcast (``load_format="mil
 every bucket but the last is staged (``miles_commit=false``), so an engine applies a push all
 at once; against real SGLang it is one broadcast per tensor, loaded bucket by bucket. Tensors
 are streamed: at most two buckets are materialised at a time.
+
+Fleets that change: the group is rebuilt on the next push when an engine process was replaced
+(its ``generation`` differs from when it joined: a supervised restart), when the router
+quarantined or re-admitted an engine (its ``epoch`` moved: an external server that came back
+lost its group), or after a push that broke the group
+(an engine died or hung mid-broadcast). The old group is destroyed on the engines still running
+it (failures tolerated, bounded by ``control_timeout_s``) and a new one is built under a new
+name on a new rendezvous port. Every wait is bounded (``control_timeout_s`` for pause / resume /
+destroy, ``timeout_s`` for a join or a bucket): a push never hangs on a dead member, it fails
+with one :class:`WeightPushError` naming the engine. A push given a list (not a one-shot
+iterator) is retried once on a rebuilt group when an engine process was replaced during it.
 """
 
 from __future__ import annotations
@@ -35,7 +46,8 @@ class BroadcastTransport(TransportBase):
 
     def __init__(self, engines: Any, *, bucket_bytes: int = 256 << 20, backend: str = "auto",
                  master_address: str = "127.0.0.1", group_name: str = "miles_weight_sync",
-                 timeout_s: float = 600.0, pause_mode: str = "retract", flatten: bool | None = None) -> None:
+                 timeout_s: float = 600.0, pause_mode: str = "retract", flatten: bool | None = None,
+                 control_timeout_s: float = 120.0) -> None:
         self.targets = engines
         if not engines_of(engines):
             raise ValueError("the broadcast transport needs at least one engine")
@@ -46,52 +58,124 @@ class BroadcastTransport(TransportBase):
         self.master_address = master_address
         self.group_name = group_name
         self.timeout_s = timeout_s
+        self.control_timeout_s = control_timeout_s
         self.pause_mode = pause_mode
         self.flatten = flatten
         self._group: Any = None
         self._store: Any = None
         self._engines: list[Any] = []
+        self._generations: list[Any] = []  # each member's process generation when it joined
+        self._epoch: Any = None  # the router's admission epoch when the group was built
         self._broken: str | None = None
+        self._active_name = group_name
+        self.builds = 0  # groups built so far (a rebuild after a restart or a quarantine adds one)
         self.refusal_grace_s = 5.0
 
     # ------------------------------------------------------------------ group
+    @staticmethod
+    def _generation(engine: Any) -> Any:
+        return getattr(engine, "generation", None)
+
+    def _change(self, engines: list[Any]) -> str | None:
+        """Why the group built earlier no longer fits ``engines`` (None: it does)."""
+        if self._broken:
+            return f"the last push broke it ({self._broken})"
+        return self._fleet_change(engines)
+
+    def _fleet_change(self, engines: list[Any]) -> str | None:
+        if getattr(self.targets, "epoch", None) != self._epoch:  # an engine left or came back (even the same one)
+            return "the router quarantined or re-admitted an engine"
+        if [id(e) for e in engines] != [id(e) for e in self._engines]:
+            return f"the admitted engines changed ({len(self._engines)} -> {len(engines)})"
+        replaced = [engine_name(e, i) for i, (e, g) in enumerate(zip(engines, self._generations))
+                    if self._generation(e) != g]
+        return f"engine processes were replaced: {', '.join(replaced)}" if replaced else None
+
+    async def _bounded(self, engines: list[Any], call: Any, what: str, *, tolerate: bool = False) -> None:
+        """``call(engine)`` on every engine within ``control_timeout_s``; one error naming the failures."""
+        async def one(e: Any) -> None:
+            await asyncio.wait_for(call(e), self.control_timeout_s)
+
+        results = await asyncio.gather(*(one(e) for e in engines), return_exceptions=True)
+        bad = [f"{engine_name(e, i)}: {'timed out' if isinstance(r, TimeoutError) else f'{type(r).__name__}: {r}'}"
+               for i, (e, r) in enumerate(zip(engines, results)) if isinstance(r, BaseException)]
+        if bad and not tolerate:
+            raise WeightPushError(f"{what} failed on " + "; ".join(bad))
+        if bad:
+            log.warning("%s failed (tolerated) on %s", what, "; ".join(bad))
+
+    async def _teardown(self, reason: str) -> None:
+        from miles_engine.weights import dist
+
+        old, gens, name, group = self._engines, self._generations, self._active_name, self._group
+        log.warning("weight-sync group %s: rebuilding, %s", name, reason)
+        survivors = [e for e, g in zip(old, gens) if self._generation(e) == g]  # a replaced process lost it
+        await self._bounded(survivors, lambda e: e.destroy_weights_update_group(name), "destroying the old "
+                            "weight-sync group", tolerate=True)
+        dist.abort_group(group)
+        self._group = self._store = None
+        self._engines, self._generations, self._broken = [], [], None
+
     async def _ensure_group(self) -> list[Any]:
         from miles_engine.weights import dist
 
         engines = engines_of(self.targets)
-        if self._group is not None:
-            if [id(e) for e in engines] != [id(e) for e in self._engines]:
-                raise WeightPushError("the engines changed since the weight-sync group was built "
-                                      f"({len(self._engines)} -> {len(engines)}); rebuild the transport")
-            return engines
+        if self._group is not None or self._broken:
+            change = self._change(engines)
+            if change is None:
+                return engines
+            await self._teardown(change)
+        if not engines:
+            raise WeightPushError("no engine to push to: the router has none admitted")
         for i, e in enumerate(engines):
             if not hasattr(e, "init_weights_update_group"):
                 raise WeightPushError(f"{engine_name(e, i)} ({type(e).__name__}) cannot join a weight-sync group; "
                                       f"the broadcast transport needs HTTP engines (use 'colocated' in-process)")
         self.backend = dist.resolve_backend(self.backend)
         world = len(engines) + 1
+        name = self.group_name if not self.builds else f"{self.group_name}-{self.builds}"
+        self.builds += 1
+        self._active_name, self._engines = name, engines
+        self._generations = [self._generation(e) for e in engines]
+        self._epoch = getattr(self.targets, "epoch", None)
         self._store = await asyncio.to_thread(dist.master_store, self.master_address, world, self.timeout_s)
         port = self._store.port
         group = dist.in_daemon_thread(
             dist.new_group, self.backend, master_address=self.master_address, master_port=port, rank=0,
-            world_size=world, group_name=self.group_name, timeout_s=self.timeout_s, store=self._store)
+            world_size=world, group_name=name, timeout_s=self.timeout_s, store=self._store)
         joins = [asyncio.ensure_future(e.init_weights_update_group(self.master_address, port, i + 1, world,
-                                                                   group_name=self.group_name, backend=self.backend))
+                                                                   group_name=name, backend=self.backend))
                  for i, e in enumerate(engines)]
-        await self._await_with(group, joins, "joining the weight-sync group")
-        self._group, self._engines = group.result(), engines
+        try:
+            await self._await_with(group, joins, "joining the weight-sync group")
+        except WeightPushError:  # the rebuild destroys the group only where it was joined
+            joined = [i for i, f in enumerate(joins) if f.done() and not f.cancelled() and f.exception() is None]
+            self._engines = [engines[i] for i in joined]
+            self._generations = [self._generations[i] for i in joined]
+            raise
+        self._group = group.result()
         if self.flatten is None:
             self.flatten = all(getattr(e, "is_miles_server", False) for e in engines)
-        log.info("weight-sync group %s: %d engines, %s, port %d", self.group_name, len(engines), self.backend, port)
+        log.info("weight-sync group %s: %d engines, %s, port %d", name, len(engines), self.backend, port)
         return engines
 
     async def _await_with(self, local: asyncio.Future[Any], remote: list[asyncio.Future[Any]], what: str,
                           grace_s: float = 0.0) -> None:
-        """Wait for the local collective and the engines' requests; an engine's refusal fails
-        fast (the local side is then stuck until the group timeout: the transport is broken)."""
+        """Wait (at most ``timeout_s``) for the local collective and the engines' requests; an
+        engine's refusal fails fast. If the local side is left stuck or failed, the group is
+        broken: the next push rebuilds it."""
         pending = {local, *remote}
+        deadline = asyncio.get_running_loop().time() + self.timeout_s
         while pending:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+            left = deadline - asyncio.get_running_loop().time()
+            done, pending = await asyncio.wait(pending, timeout=max(left, 0), return_when=asyncio.FIRST_EXCEPTION)
+            if not done and pending:
+                late = [engine_name(self._engines_or(i), i) for i, f in enumerate(remote) if f in pending]
+                self._broken = (f"{what} timed out after {self.timeout_s:g}s waiting for "
+                                + (", ".join(late) if late else "this process"))
+                for other in remote:
+                    other.cancel()
+                raise WeightPushError(self._broken + "; the next push rebuilds the weight-sync group")
             failed = [f for f in done if f.exception() is not None]
             if not failed:
                 continue
@@ -103,7 +187,7 @@ class BroadcastTransport(TransportBase):
                 await asyncio.wait({local}, timeout=grace_s)
             if idx < 0 or not local.done() or local.exception() is not None:
                 self._broken = msg
-                msg += "; the weight-sync group is unusable, restart the run"
+                msg += "; the weight-sync group is unusable, the next push rebuilds it"
             for other in remote:
                 if not other.done():
                     other.cancel()
@@ -149,26 +233,46 @@ class BroadcastTransport(TransportBase):
         # staged (flat) buckets carry the version as their staging key; SGLang-style buckets load at
         # once, so only the last one moves the version (a push that fails midway never claims it)
         remote = [asyncio.ensure_future(e.update_weights_from_distributed(
-            names, dtypes, shapes, group_name=self.group_name,
+            names, dtypes, shapes, group_name=self._active_name,
             weight_version=version if (self.flatten or last) else None,
             load_format="miles_flat" if self.flatten else None, commit=last if self.flatten else None,
-            push_id=push_id if self.flatten else None))
-            for e in engines]
+            push_id=push_id if self.flatten else None,
+            **({} if g is None else {"generation": g})))  # a replaced process refuses at once
+            for e, g in zip(engines, self._generations)]
         await self._await_with(dist.in_daemon_thread(work), remote, "a weight bucket broadcast",
                                grace_s=self.refusal_grace_s)
 
     async def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushStats:
+        def fleet() -> list[tuple[int, Any]]:
+            return [(getattr(self.targets, "epoch", None), 0),
+                    *((id(e), self._generation(e)) for e in engines_of(self.targets))]
+
+        before = fleet()
+        try:
+            return await self._push(named_tensors, version)
+        except WeightPushError as exc:
+            if not isinstance(named_tensors, (list, tuple)):
+                raise
+            supervised = [e for e in engines_of(self.targets) if self._generation(e) is not None]
+            # a supervised engine that lost its process answers once it is back (bounded)
+            await self._bounded(supervised, lambda e: e.fetch_weight_version(), "waiting for restarted engines",
+                                tolerate=True)
+            if fleet() == before:
+                raise
+            log.warning("broadcast push of version %d failed (%s); the fleet changed, retrying once on a rebuilt "
+                        "group", version, exc)
+            return await self._push(named_tensors, version)
+
+    async def _push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushStats:
         from miles_engine.weights.tensors import conform
 
-        if self._broken:
-            raise WeightPushError(f"the weight-sync group is unusable: {self._broken}")
         started = time.perf_counter()
         engines = await self._ensure_group()
         meta = engines[0].weight_metadata()
         stats = PushStats(version=version, engines=len(engines))
         pushed: set[str] = set()
         paused = time.perf_counter()
-        await asyncio.gather(*(e.pause(self.pause_mode) for e in engines))
+        await self._bounded(engines, lambda e: e.pause(self.pause_mode), "pausing the engines")
         sent = 0
         push_id = uuid.uuid4().hex
         try:
@@ -192,7 +296,7 @@ class BroadcastTransport(TransportBase):
                                       f"sampling") from exc
             raise
         finally:
-            await asyncio.gather(*(e.resume() for e in engines), return_exceptions=True)
+            await self._bounded(engines, lambda e: e.resume(), "resuming the engines", tolerate=True)
             stats.pause_s = time.perf_counter() - paused
         stats.missing = len({m.name for m in meta} - pushed)
         await verify_versions(engines, version)
@@ -200,8 +304,13 @@ class BroadcastTransport(TransportBase):
         return stats
 
     async def close(self) -> None:
+        from miles_engine.weights import dist
+
         if self._group is not None and not self._broken:
-            await asyncio.gather(*(e.destroy_weights_update_group(self.group_name) for e in self._engines),
-                                 return_exceptions=True)
+            name = self._active_name
+            live = [e for e, g in zip(self._engines, self._generations) if self._generation(e) == g]
+            await self._bounded(live, lambda e: e.destroy_weights_update_group(name), "destroying the "
+                                "weight-sync group", tolerate=True)
+        dist.abort_group(self._group)
         self._group = self._store = None
-        self._engines = []
+        self._engines, self._generations = [], []

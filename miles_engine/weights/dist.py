@@ -74,6 +74,15 @@ def new_group(backend: str, *, master_address: str, master_port: int, rank: int,
     raise ValueError(f"unknown process-group backend {backend!r}; allowed: {', '.join(BACKENDS)}")
 
 
+def abort_group(group: Any) -> None:
+    """Abort a group's pending collectives in this process (best effort: unblocks a thread stuck on
+    a dead peer sooner than its timeout where the backend supports it)."""
+    abort = getattr(group, "abort", None)
+    if abort is not None:
+        with contextlib.suppress(Exception):
+            abort()
+
+
 def broadcast(group: Any, tensor: torch.Tensor, src: int = 0) -> None:
     """Blocking broadcast of ``tensor`` from ``src`` (in place on the receivers)."""
     group.broadcast(tensor, src).wait()

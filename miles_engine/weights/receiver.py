@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -37,6 +37,8 @@ class _Group:
     rank: int
     world_size: int
     handle: Any
+    # per group: a bucket stuck on a dead peer of an abandoned group never blocks its replacement
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 def _field(body: dict[str, Any], key: str, kind: type, default: Any = ...) -> Any:
@@ -56,7 +58,6 @@ class DistributedReceiver:
         self.groups: dict[str, _Group] = {}
         self._staged: dict[str, Any] = {}
         self._staged_for: tuple[Any, ...] | None = None
-        self._lock = asyncio.Lock()
 
     async def init_group(self, body: dict[str, Any]) -> str:
         from miles_engine.weights import dist
@@ -80,8 +81,12 @@ class DistributedReceiver:
         return f"Succeed to initialize custom process group {name!r} (rank {rank} of {world}, {backend})."
 
     def destroy_group(self, name: str) -> str:
-        if self.groups.pop(name, None) is None:
+        from miles_engine.weights import dist
+
+        group = self.groups.pop(name, None)
+        if group is None:
             raise ReceiveError(f"no weight update group {name!r}")
+        dist.abort_group(group.handle)
         self._staged, self._staged_for = {}, None
         return f"Succeed to destroy custom process group {name!r}."
 
@@ -126,7 +131,7 @@ class DistributedReceiver:
             raise ReceiveError(f"bad dtypes/shapes: {exc}") from None
         raw_version = body.get("weight_version")
         commit = bool(body.get("miles_commit", True))
-        async with self._lock:
+        async with group.lock:
             received = await dist.in_daemon_thread(self._receive, group, dtypes, shapes, load_format == FLAT)
             key = (group.name, None if raw_version is None else str(raw_version), body.get("miles_push_id"))
             if self._staged_for not in (None, key):

@@ -120,11 +120,14 @@ def test_broadcast_needs_http_engines_and_a_known_backend(server):
         await first.push([("model.norm.weight", torch.ones(32))], version=1)
         second = create_transport("broadcast", engine, backend="gloo", timeout_s=20, group_name="dup")
         t0 = time.monotonic()
-        with pytest.raises(WeightPushError, match="already exists.*unusable"):
+        with pytest.raises(WeightPushError, match="already exists.*unusable, the next push rebuilds it"):
             await second.push([("model.norm.weight", torch.ones(32))], version=2)
         assert time.monotonic() - t0 < 5
-        with pytest.raises(WeightPushError, match="unusable"):
-            await second.push([("model.norm.weight", torch.ones(32))], version=2)
+        # the next push rebuilds under a new group name (the first transport's group is left alone)
+        await second.push([("model.norm.weight", torch.ones(32))], version=2)
+        assert second.builds == 2 and await engine.fetch_weight_version() == 2
+        await second.close()
+        await first.push([("model.norm.weight", torch.ones(32))], version=3)
         await first.close()
         await engine.aclose()
     t0 = time.monotonic()
