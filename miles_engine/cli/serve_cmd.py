@@ -23,10 +23,13 @@ from miles_engine.engines.http import DEFAULT_ENGINE_FACTORY
 @click.option("--family", default=None,
               help="Serve a TITO session server with this chat family instead (OpenAI API per session).")
 @click.option("--tokenizer", "tokenizer_spec", default=None, help="With --family: tokenizer (default: the model dir).")
+@click.option("--replicas", default=1, type=click.IntRange(min=1),
+              help="With --family: launch this many engine processes behind the router.")
+@click.option("--engines", default=None, help="With --family: a recipe-style engines list (e.g. external URLs).")
 @click.pass_context
 def serve(ctx: click.Context, model: str, host: str, port: int, port_file: str | None, dtype: str | None,
           threads: int | None, engine_factory: str, log_level: str, family: str | None,
-          tokenizer_spec: str | None) -> None:
+          tokenizer_spec: str | None, replicas: int, engines: str | None) -> None:
     """Serve MODEL on /generate, /health, /update_weights_from_disk|tensor, /pause_generation,
     /continue_generation, /abort_request, /get_weight_version, /get_model_info (SGLang's names).
 
@@ -35,7 +38,8 @@ def serve(ctx: click.Context, model: str, host: str, port: int, port_file: str |
     if family is not None:
         from miles_engine.cli.tito_cmd import serve as tito_serve
 
-        ctx.invoke(tito_serve, family=family, model=model, engine_url=None, tokenizer_spec=tokenizer_spec,
+        ctx.invoke(tito_serve, family=family, model=model, engine_urls=(), replicas=replicas, engines_yaml=engines,
+                   tokenizer_spec=tokenizer_spec,
                    options=(), host=host, port=port, port_file=port_file, mode="linear", matcher="strict",
                    record_routed_experts=False, threads=threads)
         return

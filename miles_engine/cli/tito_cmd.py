@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -80,7 +81,13 @@ def check(family: str, tokenizer_spec: str, conversations: str | None, options: 
 @tito.command("serve")
 @click.option("--family", required=True, help="Chat family (registered name or dotted path).")
 @click.option("--model", default=None, help="Embedded engine model: directory, .gguf, config.json or tiny:<type>.")
-@click.option("--engine-url", default=None, help="Use an SGLang-compatible server instead of the embedded engine.")
+@click.option("--engine-url", "engine_urls", multiple=True,
+              help="An SGLang-compatible server to use instead of the embedded engine; repeat it for a fleet "
+              "behind the router (sessions stay on their engine, new ones go to the least loaded).")
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1),
+              help="With --model: more than 1 launches that many supervised engine processes behind the router.")
+@click.option("--engines", "engines_yaml", default=None,
+              help="A recipe-style engines list, e.g. '[{kind: server, replicas: 2}]' (kinds: server, external, ...).")
 @click.option("--tokenizer", "tokenizer_spec", default=None, help="Default: the model directory.")
 @option_flag
 @click.option("--host", default="127.0.0.1", show_default=True)
@@ -90,9 +97,9 @@ def check(family: str, tokenizer_spec: str, conversations: str | None, options: 
 @click.option("--matcher", default="strict", show_default=True)
 @click.option("--record-routed-experts", is_flag=True)
 @click.option("--threads", default=None, type=click.IntRange(1))
-def serve(family: str, model: str | None, engine_url: str | None, tokenizer_spec: str | None, options: tuple[str, ...],
-          host: str, port: int, port_file: str | None, mode: str, matcher: str, record_routed_experts: bool,
-          threads: int | None) -> None:
+def serve(family: str, model: str | None, engine_urls: tuple[str, ...], replicas: int, engines_yaml: str | None,
+          tokenizer_spec: str | None, options: tuple[str, ...], host: str, port: int, port_file: str | None, mode: str,
+          matcher: str, record_routed_experts: bool, threads: int | None) -> None:
     """Start an engine and a TITO session server (POST /sessions → an OpenAI base_url)."""
     from miles_engine.tito import make_codec
     from miles_engine.tito.serve import build_engine, default_tokenizer, run_session_server
@@ -102,12 +109,22 @@ def serve(family: str, model: str | None, engine_url: str | None, tokenizer_spec
     config = SessionServerConfig(mode=mode, matcher=matcher, record_routed_experts=record_routed_experts)
 
     async def main() -> None:
-        engine = await build_engine(model, engine_url, codec.tokenizer, threads=threads)
+        if engines_yaml or len(engine_urls) > 1 or replicas > 1:
+            import tempfile
+
+            from miles_engine.tito.fleet_serve import fleet_groups, serve_fleet
+
+            groups = fleet_groups(model, engine_urls, replicas, engines_yaml)
+            with tempfile.TemporaryDirectory(prefix="miles-fleet-") as state:
+                await serve_fleet(codec, groups, model, host=host, port=port, port_file=port_file, config=config,
+                                  state_dir=Path(state))
+            return
+        engine = await build_engine(model, engine_urls[0] if engine_urls else None, codec.tokenizer, threads=threads)
         await run_session_server(engine, codec, host=host, port=port, port_file=port_file, config=config)
 
     try:
         asyncio.run(main())
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         pass
 
 

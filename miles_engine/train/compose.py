@@ -146,9 +146,9 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
     policy = build_policy(cfg, codec)
     trainer = await asyncio.to_thread(TrainerAccess.create, policy, cfg)
     stack.push_async_callback(asyncio.to_thread, trainer.close)
-    engines = await _start_engines(cfg, hub, run_dir, policy, trainer, stack)
+    engines, fleet = await _start_engines(cfg, hub, run_dir, policy, trainer, stack)
     server = await _start_server(cfg, engines, codec, stack)
-    transport = await _start_transport(cfg, run_dir, engines, trainer, resumed, stack)
+    transport = await _start_transport(cfg, run_dir, engines, fleet, trainer, resumed, stack)
     opd = _build_opd(cfg, hub, run_dir, codec, source, tasks, metrics, engines, stack)
     reward = _build_reward(cfg, hub, stack)
     scheduler, mode = _build_rollout(cfg, hub, run_dir, source, tasks, sandboxes, server, buffer, engines, reward,
@@ -180,15 +180,15 @@ def _preflight_sandbox(cfg: RecipeConfig, source: Any, tasks: Any, sandboxes: An
 
 
 async def _start_engines(cfg: RecipeConfig, hub: Hub, run_dir: Path, policy: Any, trainer: TrainerAccess,
-                         stack: AsyncExitStack) -> Any:
+                         stack: AsyncExitStack) -> tuple[Any, Any]:
     from miles_engine.engines.fleet.build import check_transport, create_kinds, start_fleet
     from miles_engine.engines.fleet.kinds import FleetContext
 
     kinds = create_kinds(hub, cfg.engines)
     check_transport(cfg.weights.transport, cfg.engines, kinds)
-    ctx = FleetContext(model=policy, state_dir=run_dir / "engines", seed=cfg.seed, restore=trainer.current_weights,
+    ctx = FleetContext(model=policy, state_dir=run_dir / "engines", seed=cfg.seed, restore=trainer.last_pushed,
                        true_on_policy=cfg.trainer.true_on_policy)
-    return await start_fleet(cfg.engines, kinds, ctx, stack, cfg.fleet)
+    return await start_fleet(cfg.engines, kinds, ctx, stack, cfg.fleet), ctx
 
 
 async def _start_server(cfg: RecipeConfig, engines: Any, codec: Any, stack: AsyncExitStack) -> Any:
@@ -201,13 +201,16 @@ async def _start_server(cfg: RecipeConfig, engines: Any, codec: Any, stack: Asyn
     return server
 
 
-async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Any, trainer: TrainerAccess,
+async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Any, fleet: Any, trainer: TrainerAccess,
                            resumed: checkpoint.Loaded | None, stack: AsyncExitStack) -> Any:
     from miles_engine.weights import create_transport
 
     w = cfg.weights
-    options = ({**w.disk_delta.model_dump(), "root": w.disk_delta.root or str(run_dir / "weights")}
-               if w.transport == "disk_delta" else {})
+    options: dict[str, Any] = {}
+    if w.transport == "disk_delta":
+        options = {**w.disk_delta.model_dump(), "root": w.disk_delta.root or str(run_dir / "weights")}
+        if options["baseline"] is None and not any(hasattr(s.engine, "model") for s in engines.slots):
+            options["baseline"] = fleet.model_path()  # what the engine processes started from
     transport = create_transport(w.transport, engines, check=w.check, **options)
     stack.push_async_callback(transport.close)
     if resumed is not None:  # disk_delta: drop the abandoned future

@@ -19,6 +19,7 @@ class TrainerAccess:
     def __init__(self, backend: Any) -> None:
         self.backend = backend
         self._lock = threading.Lock()
+        self._pushed: tuple[dict[str, Any], int] | None = None
 
     @classmethod
     def create(cls, policy: Any, cfg: RecipeConfig) -> TrainerAccess:
@@ -50,8 +51,15 @@ class TrainerAccess:
     async def named_tensors(self) -> list[tuple[str, Any]]:
         return await self._call(lambda: list(self.backend.named_tensors()))
 
-    async def current_weights(self) -> tuple[dict[str, Any], int]:
-        """The weights and version an engine (re)started now must serve."""
+    def record_push(self, tensors: list[tuple[str, Any]], version: int) -> None:
+        """The weights every engine now serves (kept until the next push: the export already made them)."""
+        self._pushed = (dict(tensors), int(version))
+
+    async def last_pushed(self) -> tuple[dict[str, Any], int]:
+        """The weights and version an engine restarted now must serve: the last pushed ones (the
+        trainer may be a step ahead; a delta transport applies its next version on top of these)."""
+        if self._pushed is not None:
+            return self._pushed
         return await self._call(lambda: (dict(self.backend.named_tensors()), int(self.backend.weight_version)))
 
     async def state_dict(self) -> dict[str, Any]:

@@ -27,7 +27,8 @@ class ServerKind:
                           "prompt_cache_tokens": o.prompt_cache_tokens, "seed": ctx.seed + index,
                           "true_on_policy": ctx.true_on_policy}
         return server_command(ctx.model_path(), engine_factory=o.engine_factory, dtype=group.dtype,
-                              threads=o.threads, extra=["--engine-options", json.dumps(engine_options)])
+                              threads=o.threads, extra=["--engine-options", json.dumps(engine_options),
+                                                           "--exit-with-parent"])
 
     async def start(self, group: EngineGroupConfig, name: str, ctx: FleetContext, stack: AsyncExitStack) -> list[Any]:
         import asyncio

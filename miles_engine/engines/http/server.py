@@ -295,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--engine-factory", default=DEFAULT_ENGINE_FACTORY, help="module:function building the engine")
     p.add_argument("--engine-options", default=None, help="JSON object of more keyword options for the factory")
+    p.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process is gone")
     p.add_argument("--log-level", default="warning")
     from miles_engine.engines.http.standalone import run_standalone
 

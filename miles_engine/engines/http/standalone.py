@@ -77,8 +77,9 @@ async def build_engine(factory: str, model: str, *, dtype: str | None = None, th
 def run_standalone(model: str, *, host: str = "127.0.0.1", port: int = 30000, port_file: str | None = None,
                    dtype: str | None = None, threads: int | None = None,
                    engine_factory: str = DEFAULT_ENGINE_FACTORY, log_level: str = "warning",
-                   engine_options: str | Mapping[str, Any] | None = None) -> None:
-    """Build the engine and serve it until SIGINT/SIGTERM (``miles serve`` and ``python -m``)."""
+                   engine_options: str | Mapping[str, Any] | None = None, exit_with_parent: bool = False) -> None:
+    """Build the engine and serve it until SIGINT/SIGTERM (``miles serve`` and ``python -m``);
+    ``exit_with_parent``: also when the process that launched it is gone (SIGKILLed driver)."""
     options = json.loads(engine_options) if isinstance(engine_options, str) else engine_options
     if options is not None and not isinstance(options, Mapping):
         raise MilesError(f"--engine-options must be a JSON object, got {engine_options!r}")
@@ -94,5 +95,25 @@ def run_standalone(model: str, *, host: str = "127.0.0.1", port: int = 30000, po
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, _exit)
+    if exit_with_parent:
+        watch_parent()
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(_run())
+
+
+def watch_parent(interval_s: float = 0.5) -> None:
+    """SIGTERM this process once its parent is gone (it was re-parented): a launched engine never
+    outlives the run that launched it, even one killed with SIGKILL."""
+    import os
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        log.warning("parent process %d is gone: shutting down", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
