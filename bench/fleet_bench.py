@@ -14,6 +14,8 @@
    router (session affinity + least-loaded) vs at random on the same processes
    (:mod:`bench.router_bench`'s workload): share of prompt tokens served from the prefix cache
    (``cached_tokens``), sessions that moved between engines, wall time.
+3. **Training throughput** (:mod:`bench.fleet_training`): samples/s of tiny-terminal with 1
+   embedded engine vs 1 and 2 ``server`` engines (broadcast), resumed from one SFT warm start.
 """
 
 from __future__ import annotations
@@ -118,7 +120,9 @@ async def main() -> None:
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--sessions", type=int, default=32)
     p.add_argument("--turns", type=int, default=4)
-    p.add_argument("--skip", choices=["recovery", "prefix"], action="append", default=[])
+    p.add_argument("--skip", choices=["recovery", "prefix", "training"], action="append", default=[])
+    p.add_argument("--steps", type=int, default=20, help="training part: RL steps per run")
+    p.add_argument("--repeats", type=int, default=2, help="training part: interleaved rounds")
     args = p.parse_args()
     if "recovery" not in args.skip:
         rows = await recovery(args.model, args.kills)
@@ -133,6 +137,10 @@ async def main() -> None:
         print(f"{'placement':>10}{'cache hit':>11}{'moved sessions':>16}{'wall s':>9}")
         for tag, r in out.items():
             print(f"{tag:>10}{r['hit']:>11.1%}{r['moved']:>10}/{r['sessions']:<5}{r['wall']:>9.1f}")
+    if "training" not in args.skip:
+        from bench.fleet_training import measure, report
+
+        report(await asyncio.to_thread(measure, args.steps, args.repeats), args.steps)
 
 
 if __name__ == "__main__":
