@@ -62,3 +62,31 @@ def test_empty_task_set(tmp_path):
 def test_sandbox_backend_that_cannot_run_the_tasks(tmp_path):
     msg = build_error(tmp_path, ["sandbox.options={isolation: process}"])
     assert "cannot run" in msg and "network 'none'" in msg and "'local'" in msg
+
+
+def test_impossible_engine_transport_pair_is_one_line_naming_both_keys():
+    msg = load_error(["engines.0.kind=server"])  # weights.transport defaults to colocated
+    assert "\n" not in msg and "weights.transport='colocated'" in msg and "engines.0.kind='server'" in msg
+    assert "['broadcast', 'disk_delta']" in msg
+    msg = load_error(["engines=[{kind: embedded}, {kind: server}]", "weights.transport=broadcast"])
+    assert "engines.0.kind='embedded'" in msg and "['colocated', 'disk_delta']" in msg
+
+
+def test_engine_kind_and_options_are_checked_at_load():
+    assert "unknown engine 'serverr'" in load_error(["engines.0.kind=serverr"])
+    msg = load_error(["engines.0.options.max_batch_siz=8"])
+    assert "engines.0.options.max_batch_siz" in msg and "max_batch_size" in msg
+    assert "cuda:N" in load_error(["engines.0.device=gpu"])
+    assert "engines, a list of engine groups" in load_error(["engine.threads=2"])
+    assert "trainer.parallel.world_size" in load_error(["placement.trainer_ranks=2"])
+
+
+def test_external_engine_down_at_start_names_the_url(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    msg = build_error(tmp_path, [f"engines=[{{kind: external, options: {{urls: ['{url}']}}}}]",
+                                 "weights.transport=broadcast", "sft.enabled=false", "tokenizer.corpus_demos=200"])
+    assert url in msg and "not reachable at start" in msg
