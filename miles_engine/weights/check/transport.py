@@ -52,11 +52,14 @@ class CheckedTransport:
         return getattr(self.inner, attr)
 
     async def preflight(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        await self.inner.preflight(named_tensors)
+        inner = getattr(self.inner, "preflight", None)  # a wrapped transport may predate the no-op default
+        if inner is not None:
+            await inner(named_tensors)
         self._preflighted = True
 
     async def rewind(self, version: int) -> list[int]:
-        return await self.inner.rewind(version)
+        inner = getattr(self.inner, "rewind", None)
+        return await inner(version) if inner is not None else []
 
     # ------------------------------------------------------------------ fill
     def _exact(self, named: Mapping[str, torch.Tensor], meta: Mapping[str, TensorMeta]) -> dict[str, torch.Tensor]:
