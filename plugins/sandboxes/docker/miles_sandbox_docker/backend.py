@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
+from typing import Any
 
 from miles_engine.errors import SandboxError
 from miles_engine.sandbox.protocol import RUN_LABEL, SANDBOX_LABEL, Capabilities, SandboxSpec, check_supported
 from miles_engine.sandbox.remote import retry_idempotent, run_id_for, sandbox_labels
 
 from miles_sandbox_docker import images
-from miles_sandbox_docker.cli import DockerCli, NoSuchContainer, classify
+from miles_sandbox_docker.cli import DockerCli, EngineUnreachable, NoSuchContainer, classify
+from miles_sandbox_docker.lifecycle import OWNER_LABEL, Limiter, StepMetrics, owner_id, owner_is_dead
 from miles_sandbox_docker.options import DockerSandboxOptions
 from miles_sandbox_docker.sandbox import DockerSandbox
 from miles_sandbox_docker.scripts import KEEPALIVE, SETUP
@@ -32,6 +35,11 @@ class DockerSandboxBackend:
         self.cli = DockerCli(o.binary, o.host, o.call_timeout_s)
         self.run_id = o.run_id
         self._live: set[DockerSandbox] = set()
+        self._slots: set[DockerSandbox] = set()  # sandboxes holding a max_sandboxes slot
+        self.limiter = Limiter(o.max_sandboxes, o.max_creates_per_s)
+        self.metrics = StepMetrics()
+        self._owner = owner_id()
+        self._orphans_swept: asyncio.Task[list[str]] | None = None
 
     def capabilities(self) -> Capabilities:
         o = self.options
@@ -47,6 +55,14 @@ class DockerSandboxBackend:
             max_memory_mb=o.max_memory_mb,
         )
 
+    def describe(self) -> dict[str, Any]:
+        detail = f"{self.cli.engine_name()} CLI {self.cli.executable_or_name()}"
+        return {"detail": detail, "metrics": self.metrics.snapshot()}
+
+    def stats(self) -> dict[str, float]:
+        """Per-step metrics: create / exec / destroy latency (p50, p95, n), builds and build cache hits."""
+        return self.metrics.snapshot()
+
     async def ping(self) -> str:
         """The engine's version; raises the one-line unreachable error when there is none."""
         res = await self.cli.run(["version", "--format", "{{.Server.Version}}"], what="docker version", timeout_s=10)
@@ -57,27 +73,46 @@ class DockerSandboxBackend:
         check_supported(spec, self.capabilities(), backend=self.name)
         o = self.options
         run_id = run_id_for(spec, self.run_id)
-        if spec.build is not None:
-            image = await images.ensure_build(
-                self.cli, spec.build, run_id=run_id, timeout_s=o.build_timeout_s, retry=o.retry
-            )
-        else:
-            image = spec.image or o.default_image
-            await images.ensure_image(self.cli, image, pull=o.pull, timeout_s=o.pull_timeout_s, retry=o.retry)
+        image = await self.image_for(spec, run_id)
+        if o.sweep_orphans:
+            await self.sweep_orphans_once()
+        await self.limiter.acquire()
         sandbox_id = "sbx-" + secrets.token_hex(6)
         container = "miles-" + sandbox_id
-        labels = sandbox_labels(spec, sandbox_id=sandbox_id, run_id=run_id, extra={BACKEND_LABEL: self.name})
+        extra = {BACKEND_LABEL: self.name, OWNER_LABEL: self._owner}
+        labels = sandbox_labels(spec, sandbox_id=sandbox_id, run_id=run_id, extra=extra)
         sb = DockerSandbox(self, spec, sandbox_id, container)
         self._live.add(sb)
+        self._slots.add(sb)
         try:
+            await self.limiter.pace()
+            t0 = time.monotonic()
             await self._run_container(container, image, spec, labels)
             await self._setup(sb)
             if spec.files:
                 await sb.put_files(spec.files)
+            self.metrics.observe("create", time.monotonic() - t0)
         except BaseException:
             await asyncio.shield(sb.close())
             raise
         return sb
+
+    async def image_for(self, spec: SandboxSpec, run_id: str) -> str:
+        """The local image for a spec: built from ``spec.build`` (cached by content hash), else
+        ``spec.image`` / ``default_image`` through the image map, pulled per the pull policy."""
+        o = self.options
+        if spec.build is not None:
+            counters: dict[str, int] = {}
+            tag = await images.ensure_build(
+                self.cli, spec.build, run_id=run_id, timeout_s=o.build_timeout_s, retry=o.retry,
+                image_map=o.image_map, network=o.build_network, stats=counters,
+            )
+            for key, n in counters.items():
+                self.metrics.count(key, n)
+            return tag
+        image = images.map_image(spec.image or o.default_image, o.image_map)
+        await images.ensure_image(self.cli, image, pull=o.pull, timeout_s=o.pull_timeout_s, retry=o.retry)
+        return image
 
     def run_args(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str]) -> list[str]:
         """The ``docker run`` arguments for a spec (public for tests and debugging)."""
@@ -160,6 +195,42 @@ class DockerSandboxBackend:
 
     def _forget(self, sb: DockerSandbox) -> None:
         self._live.discard(sb)
+        if sb in self._slots:
+            self._slots.discard(sb)
+            self.limiter.release()
+
+    async def sweep_orphans_once(self) -> list[str]:
+        """Once per backend: remove containers whose creating miles process (on this host) is
+        dead, e.g. a SIGKILLed training run's. Returns their sandbox ids."""
+        if self._orphans_swept is None:
+            self._orphans_swept = asyncio.ensure_future(self._sweep_orphans())
+        try:
+            return await asyncio.shield(self._orphans_swept)
+        except EngineUnreachable:
+            self._orphans_swept = None  # nothing to sweep yet; try again with the next create
+            raise
+        except SandboxError as exc:
+            log.warning("docker sandbox: orphan sweep failed: %s", exc)
+            return []
+
+    async def _sweep_orphans(self) -> list[str]:
+        fmt = "{{.ID}}\t{{.Label \"" + SANDBOX_LABEL + "\"}}\t{{.Label \"" + OWNER_LABEL + "\"}}"
+        listed = await self.cli.run(
+            ["ps", "--all", "--no-trunc", "--filter", f"label={BACKEND_LABEL}={self.name}", "--format", fmt],
+            what="list docker sandboxes", check=False,
+        )
+        if listed.rc != 0:
+            raise classify("list docker sandboxes", listed.err)
+        removed = []
+        for line in listed.stdout.decode().splitlines():
+            cid, sid, owner = (line.strip().split("\t") + ["", ""])[:3]
+            if cid and owner and owner_is_dead(owner):
+                await self._remove(cid, sid or cid)
+                removed.append(sid or cid)
+        if removed:
+            log.warning("docker sandbox: removed %d container(s) left by dead miles processes: %s",
+                        len(removed), ", ".join(removed))
+        return removed
 
     async def sweep(self, run_id: str) -> list[str]:
         """Remove every container labelled ``miles.run=run_id``; return their sandbox ids."""

@@ -61,11 +61,16 @@ class DockerSandbox:
         """Remove the container (and everything running in it). Idempotent."""
         if self._close_task is None:
             self._closed = True
-            self._close_task = asyncio.ensure_future(self.backend._remove(self.container, self.id))
+            self._close_task = asyncio.ensure_future(self._timed_remove())
         try:
             await asyncio.shield(self._close_task)
         finally:
             self.backend._forget(self)
+
+    async def _timed_remove(self) -> None:
+        t0 = time.monotonic()
+        await self.backend._remove(self.container, self.id)
+        self.backend.metrics.observe("destroy", time.monotonic() - t0)
 
     async def __aenter__(self) -> DockerSandbox:
         return self
@@ -135,6 +140,7 @@ class DockerSandbox:
         finally:
             feed_task.cancel()
         duration = time.monotonic() - t0
+        self.backend.metrics.observe("exec", duration)
         (out, out_cut), (err, err_cut) = out_task.result(), err_task.result()
         if out.startswith(START_MARK):
             out = out[len(START_MARK) :]

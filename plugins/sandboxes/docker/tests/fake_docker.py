@@ -40,7 +40,7 @@ VALUE_FLAGS = {
             "--storage-opt", "--gpus", "--pids-limit", "--env", "--user", "--workdir", "--entrypoint"},
     "exec": {"-e", "-u", "-w"},
     "ps": {"--filter", "--format"},
-    "build": {"--tag", "--file", "--label"},
+    "build": {"--tag", "--file", "--label", "--network"},
     "image inspect": {"--format"}, "container inspect": {"--format"}, "version": {"--format"},
 }
 BOOLS = {"run": {"--detach", "--init", "--rm"}, "exec": {"-i"}, "ps": {"--all", "--no-trunc"},
