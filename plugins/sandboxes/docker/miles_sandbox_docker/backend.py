@@ -87,7 +87,7 @@ class DockerSandboxBackend:
         try:
             await self.limiter.pace()
             t0 = time.monotonic()
-            await self._run_container(container, image, spec, labels)
+            sb.container_id = await self._run_container(container, image, spec, labels)
             await self._setup(sb)
             if spec.files:
                 await sb.put_files(spec.files)
@@ -122,8 +122,9 @@ class DockerSandboxBackend:
             args += ["--label", f"{key}={value}"]
         args += ["--network", "none" if spec.network.mode == "none" else o.public_network]
         args += ["--hostname", container[:63]]
-        if res.cpus:
-            args += ["--cpus", f"{res.cpus:g}"]
+        cpus = res.cpus or o.default_cpus
+        if cpus:
+            args += ["--cpus", f"{cpus:g}"]
         if res.memory_mb:
             args += ["--memory", f"{res.memory_mb}m", "--memory-swap", f"{res.memory_mb}m"]
         if res.disk_mb and o.enforce_disk:
@@ -132,6 +133,8 @@ class DockerSandboxBackend:
             args += ["--gpus", str(res.gpus)]
         if o.pids_limit:
             args += ["--pids-limit", str(o.pids_limit)]
+        if o.max_file_size_mb:
+            args += ["--ulimit", f"fsize={o.max_file_size_mb << 20}"]
         for key, value in spec.env.items():
             args += ["--env", f"{key}={value}"]
         if spec.user:
@@ -140,22 +143,28 @@ class DockerSandboxBackend:
         args.append(f"{spec.ttl_s:g}" if spec.ttl_s else "")
         return args
 
-    async def _run_container(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str]) -> None:
+    async def _run_container(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str]) -> str:
+        """Start the container; return its id ('' when the engine's answer did not carry it)."""
         what = f"start container for image '{image}'"
         args = self.run_args(container, image, spec, labels)
         tries = 0
 
-        async def attempt() -> None:
+        async def attempt() -> str:
             nonlocal tries
             tries += 1
             res = await self.cli.run(args, what=what, check=False)
             if res.rc == 0:
-                return
+                return res.stdout.decode(errors="replace").strip().splitlines()[-1:][0] if res.stdout.strip() else ""
             if tries > 1 and "conflict" in res.err.lower() and await self._is_ours(container, labels[SANDBOX_LABEL]):
-                return  # our earlier attempt did start it; only its answer was lost
+                return ""  # our earlier attempt did start it; only its answer was lost
             raise classify(what, res.err)
 
-        await retry_idempotent(attempt, what=what, policy=self.options.retry)
+        return await retry_idempotent(attempt, what=what, policy=self.options.retry)
+
+    def engine_is_local(self) -> bool:
+        """The engine runs on this host (a unix socket), so its processes are visible in /proc."""
+        host = self.cli.env().get("DOCKER_HOST", "")
+        return not host or host.startswith("unix://")
 
     async def _is_ours(self, container: str, sandbox_id: str) -> bool:
         res = await self.cli.run(

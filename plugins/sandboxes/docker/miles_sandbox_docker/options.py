@@ -60,15 +60,31 @@ class DockerSandboxOptions(BaseModel):
     enforce_disk: bool = Field(
         False, description="pass spec.resources.disk_mb as --storage-opt size= (needs overlay2 on xfs with pquota)"
     )
-    pids_limit: int | None = Field(4096, gt=0, description="--pids-limit per container (fork bombs)")
+    default_cpus: float | None = Field(
+        1.0, gt=0, description="--cpus for specs that ask for none (a runaway command then holds one core, "
+        "not the host; None: no cap)"
+    )
+    pids_limit: int | None = Field(1024, gt=0, description="--pids-limit per container (fork bombs)")
+    max_file_size_mb: int | None = Field(
+        512, gt=0, description="largest file a command may write (RLIMIT_FSIZE via --ulimit fsize=); a per-file "
+        "cap, not a disk quota (see enforce_disk)"
+    )
     default_timeout_s: float = Field(120.0, gt=0, description="exec timeout when none is given")
     max_output_bytes: int = Field(DEFAULT_MAX_OUTPUT_BYTES, gt=0, description="per-stream output cap")
     max_transfer_mb: int = Field(2048, gt=0, description="cap on read_file/download_dir transfers")
     call_timeout_s: float = Field(120.0, gt=0, description="bound on one docker call (run, cp, rm...)")
     pull_timeout_s: float = Field(900.0, gt=0, description="bound on one image pull")
     build_timeout_s: float = Field(1800.0, gt=0, description="bound on one image build")
-    kill_timeout_s: float = Field(10.0, gt=0, description="bound on killing a timed-out command's process tree")
+    kill_timeout_s: float = Field(
+        4.0, gt=0, description="bound on killing a timed-out command's process tree inside the container; past it "
+        "(e.g. a fork bomb at the pids limit) the container is killed and the sandbox is dead"
+    )
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="backoff for idempotent docker calls")
+
+    @property
+    def max_processes(self) -> int | None:
+        """The per-container process cap (``pids_limit``), under the local backend's name."""
+        return self.pids_limit
 
     @field_validator("image_map")
     @classmethod

@@ -37,7 +37,7 @@ UNREACHABLE = "Cannot connect to the Docker daemon at unix:///var/run/docker.soc
 MARK_ENV = "FAKE_DOCKER_CONTAINER"
 VALUE_FLAGS = {
     "run": {"--pull", "--name", "--label", "--network", "--hostname", "--cpus", "--memory", "--memory-swap",
-            "--storage-opt", "--gpus", "--pids-limit", "--env", "--user", "--workdir", "--entrypoint"},
+            "--storage-opt", "--gpus", "--pids-limit", "--ulimit", "--env", "--user", "--workdir", "--entrypoint"},
     "exec": {"-e", "-u", "-w"},
     "ps": {"--filter", "--format"},
     "build": {"--tag", "--file", "--label", "--network"},
