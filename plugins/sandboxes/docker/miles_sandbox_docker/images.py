@@ -148,7 +148,7 @@ async def ensure_build(
         if mapped != original:
             file_arg = Path(tmp, "Dockerfile")
             file_arg.write_text(mapped, encoding="utf-8")
-        args = ["build", "--tag", tag, "--file", str(file_arg), "--label", f"{RUN_LABEL}={run_id}"]
+        args = ["build", "--force-rm", "--tag", tag, "--file", str(file_arg), "--label", f"{RUN_LABEL}={run_id}"]
         if network != "default":
             args += ["--network", network]
         what = f"build '{dockerfile}'"

@@ -44,7 +44,7 @@ VALUE_FLAGS = {
     "image inspect": {"--format"}, "container inspect": {"--format"}, "version": {"--format"},
 }
 BOOLS = {"run": {"--detach", "--init", "--rm"}, "exec": {"-i"}, "ps": {"--all", "--no-trunc"},
-         "rm": {"--force", "--volumes"}, "pull": {"--quiet"}, "build": {"--quiet"}, "cp": {"-L"}}
+         "rm": {"--force", "--volumes"}, "pull": {"--quiet"}, "build": {"--quiet", "--force-rm"}, "cp": {"-L"}}
 
 
 def fail(msg: str, rc: int = 1) -> None:
