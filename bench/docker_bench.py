@@ -51,7 +51,7 @@ async def latency(be: DockerSandboxBackend, n: int) -> list[tuple[float, float, 
 async def episodes(be: DockerSandboxBackend, k: int) -> tuple[float, int, float]:
     hub = Hub()
     source = hub.create("environment", "harbor", {"path": str(TASKS)}, where="harbor")
-    task_id = source.list_tasks()[0].id
+    task_id = next(iter(source.list_tasks())).id
     await be.image_for(source.load_task(task_id).sandbox_spec(), be.run_id or "bench")  # build outside the timing
     agent = hub.create("agent", "oracle", {}, where="agent")
     t = time.perf_counter()
@@ -75,7 +75,8 @@ async def main(n: int, k: int) -> None:
         print(f"{'docker':<9} {pct(tot, 50):7.0f} {pct(tot, 95):7.0f} | {pct(parts[0], 50):10.0f} "
               f"{pct(parts[1], 50):9.0f} {pct(parts[1], 95):9.0f} {pct(parts[2], 50):11.0f}")
         wall, solved, mean = await episodes(be, k)
-        print(f"\n{k} concurrent oracle episodes of harbor/{TASKS.name}/reverse-lines (image built from its Dockerfile)")
+        print(f"\n{k} concurrent oracle episodes of the Harbor task {TASKS / 'reverse-lines'} "
+              f"(image built from its Dockerfile)")
         print(f"{'wall s':>7} {'episodes/s':>11} {'reward 1.0':>11} {'mean':>6}")
         print(f"{wall:7.2f} {k / wall:11.2f} {solved:>11} {mean:6.2f}")
         stats = be.stats()
