@@ -51,7 +51,7 @@ async def latency(be: DockerSandboxBackend, n: int) -> list[tuple[float, float, 
 async def episodes(be: DockerSandboxBackend, k: int) -> tuple[float, int, float]:
     hub = Hub()
     source = hub.create("environment", "harbor", {"path": str(TASKS)}, where="harbor")
-    task_id = next(iter(source.list_tasks())).id
+    task_id = "reverse-lines"
     await be.image_for(source.load_task(task_id).sandbox_spec(), be.run_id or "bench")  # build outside the timing
     agent = hub.create("agent", "oracle", {}, where="agent")
     t = time.perf_counter()
