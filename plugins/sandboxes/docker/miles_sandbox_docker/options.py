@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from miles_engine.errors import ConfigError
 from miles_engine.sandbox.protocol import DEFAULT_MAX_OUTPUT_BYTES
 from miles_engine.sandbox.remote import RetryPolicy
 
@@ -102,6 +103,6 @@ def _env_map(var: str) -> dict[str, str]:
     for item in filter(None, (part.strip() for part in raw.split(","))):
         ref, sep, image = item.partition("=")
         if not sep or not ref or not image:
-            raise ValueError(f"${var}: entry {item!r} is not REF=IMAGE")
+            raise ConfigError(f"${var}: entry {item!r} is not REF=IMAGE (expected 'ref=image,ref=image')")
         out[ref] = image
     return out
