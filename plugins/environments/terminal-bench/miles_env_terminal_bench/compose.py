@@ -4,8 +4,9 @@ terminal-bench starts the file with ``docker compose`` after filling the ``T_BEN
 variables; what the client service says (its build context and Dockerfile, or its image, its
 environment and working directory) becomes the task's :class:`SandboxSpec`. The variables are
 filled as terminal-bench fills them for the paths inside the container; host-side log paths
-(volumes) have no equivalent here and are ignored. Other services (sidecars) are refused with
-one error naming them.
+(volumes) have no equivalent here and are ignored. The other services become sidecars
+(:class:`ServiceSpec`: image or build, environment, command, healthcheck), reachable by name
+from the client on a private network, on backends that run them (docker).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 import yaml
 
 from miles_engine.errors import TaskFormatError
+from miles_engine.sandbox.protocol import BuildContext, ServiceSpec
 
 CLIENT = "client"
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -100,3 +102,55 @@ def load_client(path: Path, task_id: str, service: str = CLIENT) -> ClientServic
     if not (context / dockerfile).is_file():
         raise TaskFormatError(f"{where}.build: no Dockerfile '{dockerfile}' in '{context}'")
     return ClientService(context_dir=context, dockerfile=dockerfile, env=env, workdir=workdir)
+
+
+def _argv(value: Any, variables: dict[str, str], where: str) -> tuple[str, ...]:
+    """A compose command / healthcheck test as argv (``CMD``, ``CMD-SHELL`` or a shell string)."""
+    if isinstance(value, str):
+        return ("/bin/sh", "-c", _fill(value, variables, where))
+    if not isinstance(value, list) or not value:
+        raise TaskFormatError(f"{where}: must be a string or a non-empty list")
+    items = [_fill(v, variables, where) for v in value]
+    if items[0] == "CMD-SHELL":
+        return ("/bin/sh", "-c", " ".join(items[1:]))
+    if items[0] == "CMD":
+        return tuple(items[1:])
+    return tuple(items)
+
+
+def load_sidecars(path: Path, task_id: str, client: str = CLIENT) -> tuple[ServiceSpec, ...]:
+    """The services of ``path`` other than the client, as sidecar specs."""
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    variables = tbench_vars(task_id)
+    out = []
+    for name, raw in (data.get("services") or {}).items():
+        if name == client:
+            continue
+        where = f"{path} services.{name}"
+        raw = raw or {}
+        if not isinstance(raw, dict):
+            raise TaskFormatError(f"{where}: must be a mapping")
+        image, build = raw.get("image"), None
+        if raw.get("build") is not None:
+            b = raw["build"] if isinstance(raw["build"], dict) else {"context": raw["build"]}
+            context = (path.parent / _fill(b.get("context", "."), variables, f"{where}.build.context")).resolve()
+            build = BuildContext(context_dir=context, dockerfile=_fill(b.get("dockerfile", "Dockerfile"), variables, where))
+            image = None
+        elif not image:
+            raise TaskFormatError(f"{where}: needs 'build' or 'image'")
+        env_raw = raw.get("environment") or {}
+        if isinstance(env_raw, list):
+            env_raw = {k: v for k, _, v in (str(i).partition("=") for i in env_raw)}
+        env = {str(k): _fill("" if v is None else v, variables, f"{where}.environment.{k}") for k, v in env_raw.items()}
+        health = raw.get("healthcheck") or {}
+        test = health.get("test") if isinstance(health, dict) else None
+        healthcheck = None if test in (None, ["NONE"]) else _argv(test, variables, f"{where}.healthcheck.test")
+        out.append(ServiceSpec(
+            name=str(name),
+            image=_fill(image, variables, f"{where}.image") if image else None,
+            build=build,
+            env=env,
+            command=_argv(raw["command"], variables, f"{where}.command") if raw.get("command") else None,
+            healthcheck=healthcheck,
+        ))
+    return tuple(out)

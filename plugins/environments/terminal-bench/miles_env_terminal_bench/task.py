@@ -27,7 +27,7 @@ from miles_engine.environments.protocol import EpisodeContext, Message, NoRefere
 from miles_engine.errors import SandboxUnsupportedError, TaskFormatError
 from miles_engine.sandbox.protocol import BuildContext, NetworkPolicy, SandboxSpec
 
-from miles_env_terminal_bench.compose import CLIENT, load_client
+from miles_env_terminal_bench.compose import load_client, load_sidecars
 from miles_env_terminal_bench.config import TBTaskConfig, load_solution_yaml, load_task_yaml
 from miles_env_terminal_bench.parser import parse_pytest_output
 
@@ -82,22 +82,15 @@ class TerminalBenchTask(SandboxTask):
         return [{"role": "user", "content": self.config.prompt_text}]
 
     def sandbox_spec(self) -> SandboxSpec:
-        build, image, env, workdir = None, None, {}, "/app"
+        build, image, env, workdir, sidecars = None, None, {}, "/app", ()
         if not self.ignore_dockerfile:
-            extra = [s for s in self.services if s != CLIENT]
-            if extra:
-                raise SandboxUnsupportedError(
-                    f"task '{self.id}' ({self.task_dir}) needs Docker Compose "
-                    f"(services: {', '.join(self.services)}); only its '{CLIENT}' service can run here "
-                    f"(sidecar services {', '.join(extra)} are not supported yet); load the source with "
-                    f"ignore_dockerfile=true to run on the backend's default userland"
-                )
             compose = self.task_dir / "docker-compose.yaml"
             if compose.is_file():
                 client = load_client(compose, self.id)
                 if client.context_dir is not None:
                     build = BuildContext(context_dir=client.context_dir, dockerfile=client.dockerfile)
                 image, env, workdir = client.image, client.env, client.workdir or workdir
+                sidecars = load_sidecars(compose, self.id)
             elif (self.task_dir / "Dockerfile").is_file():
                 build = BuildContext(context_dir=self.task_dir)
         return SandboxSpec(
@@ -108,6 +101,7 @@ class TerminalBenchTask(SandboxTask):
             env=env,
             network=NetworkPolicy(mode=self.network),
             labels={"miles.source": str(self.metadata["source"]), "miles.task": self.id},
+            services=sidecars,
         )
 
     def _solution_script(self) -> bytes:

@@ -46,7 +46,7 @@ def test_bad_client_services_are_named(tmp_path):
         "t1": ("services:\n  client:\n    image: x\n    environment: [\"K=${NOT_SET}\"]\n", r"variable \$\{NOT_SET\}"),
         "t2": ("services:\n  client:\n    environment: [A=1]\n", r"services\.client: needs 'build' or 'image'"),
         "t3": ("services:\n  client:\n    build: missing-dir\n", r"build\.context: '.*missing-dir' is not a directory"),
-        "t4": ("services:\n  server:\n    image: x\n", r"needs Docker Compose \(services: server\)"),
+        "t4": ("services:\n  server:\n    image: x\n", r"needs a 'services' mapping with the 'client' service"),
     }
     for name, (compose, pattern) in cases.items():
         task = load_tb_task(make_tb_task(tmp_path, name, files={"docker-compose.yaml": compose}))

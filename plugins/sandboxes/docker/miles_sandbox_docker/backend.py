@@ -12,7 +12,7 @@ from miles_engine.errors import SandboxError
 from miles_engine.sandbox.protocol import RUN_LABEL, SANDBOX_LABEL, Capabilities, SandboxSpec, check_supported
 from miles_engine.sandbox.remote import retry_idempotent, run_id_for, sandbox_labels
 
-from miles_sandbox_docker import images
+from miles_sandbox_docker import images, services
 from miles_sandbox_docker.cli import DockerCli, EngineUnreachable, NoSuchContainer, classify
 from miles_sandbox_docker.lifecycle import OWNER_LABEL, Limiter, StepMetrics, owner_id, owner_is_dead
 from miles_sandbox_docker.options import DockerSandboxOptions
@@ -53,6 +53,7 @@ class DockerSandboxBackend:
             gpus=o.gpus,
             max_cpus=o.max_cpus,
             max_memory_mb=o.max_memory_mb,
+            services=True,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -87,7 +88,10 @@ class DockerSandboxBackend:
         try:
             await self.limiter.pace()
             t0 = time.monotonic()
-            sb.container_id = await self._run_container(container, image, spec, labels)
+            if spec.services:
+                sb.network = await services.create_network(self, sb, labels)
+                await services.start_services(self, sb, sb.network, labels, run_id)
+            sb.container_id = await self._run_container(container, image, spec, labels, network=sb.network)
             await self._setup(sb)
             if spec.files:
                 await sb.put_files(spec.files)
@@ -114,13 +118,15 @@ class DockerSandboxBackend:
         await images.ensure_image(self.cli, image, pull=o.pull, timeout_s=o.pull_timeout_s, retry=o.retry)
         return image
 
-    def run_args(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str]) -> list[str]:
-        """The ``docker run`` arguments for a spec (public for tests and debugging)."""
+    def run_args(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str],
+                 network: str | None = None) -> list[str]:
+        """The ``docker run`` arguments for a spec (public for tests and debugging); ``network``:
+        the sandbox's own network when it has services."""
         o, res = self.options, spec.resources
         args = ["run", "--detach", "--init", "--rm", "--pull", "never", "--name", container]
         for key, value in labels.items():
             args += ["--label", f"{key}={value}"]
-        args += ["--network", "none" if spec.network.mode == "none" else o.public_network]
+        args += ["--network", network or ("none" if spec.network.mode == "none" else o.public_network)]
         args += ["--hostname", container[:63]]
         cpus = res.cpus or o.default_cpus
         if cpus:
@@ -143,10 +149,11 @@ class DockerSandboxBackend:
         args.append(f"{spec.ttl_s:g}" if spec.ttl_s else "")
         return args
 
-    async def _run_container(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str]) -> str:
+    async def _run_container(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str],
+                             network: str | None = None) -> str:
         """Start the container; return its id ('' when the engine's answer did not carry it)."""
         what = f"start container for image '{image}'"
-        args = self.run_args(container, image, spec, labels)
+        args = self.run_args(container, image, spec, labels, network=network)
         tries = 0
 
         async def attempt() -> str:
@@ -236,6 +243,9 @@ class DockerSandboxBackend:
             if cid and owner and owner_is_dead(owner):
                 await self._remove(cid, sid or cid)
                 removed.append(sid or cid)
+        dead_nets = [n for n, owner in await services.networks_labelled(self, f"{BACKEND_LABEL}={self.name}")
+                     if owner and owner_is_dead(owner)]
+        await services.remove_networks(self, dead_nets)
         if removed:
             log.warning("docker sandbox: removed %d container(s) left by dead miles processes: %s",
                         len(removed), ", ".join(removed))
@@ -263,6 +273,7 @@ class DockerSandboxBackend:
         for cid, sid in found:
             await self._remove(cid, sid)
             removed.append(sid)
+        await services.remove_networks(self, [n for n, _ in await services.networks_labelled(self, f"{RUN_LABEL}={run_id}")])
         if removed:
             log.info("swept %d docker sandbox(es) of run %s", len(removed), run_id)
         return removed

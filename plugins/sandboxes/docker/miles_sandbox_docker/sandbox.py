@@ -47,6 +47,8 @@ class DockerSandbox:
         self._closed = False
         self.dead_reason: str | None = None  # set when the backend had to kill the container
         self.container_id = ""  # the engine's full id (as in the host's cgroup paths)
+        self.network: str | None = None  # its own network, when it has services
+        self.service_containers: list[str] = []
         self._close_task: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -88,7 +90,13 @@ class DockerSandbox:
 
     async def _timed_remove(self) -> None:
         t0 = time.monotonic()
-        await self.backend._remove(self.container, self.id)
+        try:
+            await self.backend._remove(self.container, self.id)
+        finally:
+            if self.network or self.service_containers:
+                from miles_sandbox_docker.services import remove_services
+
+                await remove_services(self.backend, self)
         self.backend.metrics.observe("destroy", time.monotonic() - t0)
 
     async def __aenter__(self) -> DockerSandbox:

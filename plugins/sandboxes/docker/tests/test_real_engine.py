@@ -16,6 +16,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -26,7 +27,7 @@ import pytest
 from miles_engine.cli.main import main
 from miles_engine.errors import SandboxError
 from miles_engine.sandbox.hostile import run_hostile_suite
-from miles_engine.sandbox.protocol import RUN_LABEL, BuildContext, Resources, SandboxSpec
+from miles_engine.sandbox.protocol import RUN_LABEL, BuildContext, Resources, SandboxSpec, ServiceSpec
 from miles_sandbox_docker.backend import DockerSandboxBackend
 from miles_sandbox_docker.options import DockerSandboxOptions
 
@@ -245,3 +246,52 @@ def test_concurrency_limit_holds_on_the_engine():
 
     assert run(go()) == 2
     assert be.stats()["sandbox/create_n"] == 5 and containers_of(be.run_id) == []
+
+
+def test_sidecar_on_an_internal_network_healthy_first_and_removed_after():
+    be = backend()
+    server = ServiceSpec(
+        name="server", image="ubuntu:24.04", command=("python3", "-m", "http.server", "8000", "--directory", "/etc"),
+        healthcheck=("python3", "-c", "import urllib.request; urllib.request.urlopen('http://localhost:8000/hostname')"),
+    )
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.connect(("10.255.255.255", 9))  # no packet is sent: this only picks the outgoing interface
+    host_ip = probe.getsockname()[0]
+    probe.close()
+    listener = socket.socket()
+    listener.bind((host_ip, 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+
+    async def go():
+        async with await be.create(SandboxSpec(services=(server,))) as sb:
+            got = await sb.exec("python3 -c \"import urllib.request; print(urllib.request.urlopen("
+                                "'http://server:8000/hostname', timeout=10).read().decode().strip())\"", timeout_s=30)
+            out = await sb.exec(f"timeout 5 bash -c 'exec 3<>/dev/tcp/{host_ip}/{port}' && echo OPEN", timeout_s=30)
+            return got, out, sb.network
+
+    got, out, network = run(go())
+    try:
+        listener.accept()
+        accepted = True
+    except BlockingIOError:
+        accepted = False
+    finally:
+        listener.close()
+    assert got.ok and got.stdout.strip() == "server", got  # first request answered: it was healthy before
+    assert "OPEN" not in out.stdout and not accepted  # --internal: nothing outside the network is reached
+    assert containers_of(be.run_id) == []
+    nets = subprocess.run(["docker", "network", "ls", "--quiet", "--filter", f"name={network}"],
+                          capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert nets == []
+
+
+def test_sidecar_that_never_gets_healthy_fails_naming_it():
+    be = backend()
+    bad = ServiceSpec(name="db", image="ubuntu:24.04", command=("sleep", "600"), healthcheck=("false",),
+                      ready_timeout_s=3)
+    with pytest.raises(SandboxError, match=r"service 'db' not healthy within 3s \(healthcheck 'false'"):
+        run(be.create(SandboxSpec(services=(bad,))))
+    assert containers_of(be.run_id) == []
