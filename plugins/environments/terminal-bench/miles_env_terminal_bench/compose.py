@@ -19,10 +19,10 @@ from typing import Any
 import yaml
 
 from miles_engine.errors import TaskFormatError
-from miles_engine.sandbox.protocol import BuildContext, ServiceSpec
+from miles_engine.sandbox import compose
+from miles_engine.sandbox.protocol import ServiceSpec
 
 CLIENT = "client"
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
 def tbench_vars(task_id: str) -> dict[str, str]:
@@ -51,18 +51,6 @@ class ClientService:
     workdir: str | None = None
 
 
-def _fill(value: Any, variables: dict[str, str], where: str) -> str:
-    def sub(m: re.Match[str]) -> str:
-        name = m.group(1) or m.group(3)
-        if name in variables:
-            return variables[name]
-        if m.group(2) is not None:
-            return m.group(2)
-        raise TaskFormatError(f"{where}: variable ${{{name}}} is not one terminal-bench sets and has no default")
-
-    return _VAR.sub(sub, str(value))
-
-
 def load_client(path: Path, task_id: str, service: str = CLIENT) -> ClientService:
     """Parse ``path`` and return its client service; other services are an error."""
     try:
@@ -83,74 +71,27 @@ def load_client(path: Path, task_id: str, service: str = CLIENT) -> ClientServic
         env_raw = {k: v for k, _, v in pairs}
     if not isinstance(env_raw, dict):
         raise TaskFormatError(f"{where}.environment: must be a list of KEY=VALUE or a mapping")
-    env = {str(k): _fill(v if v is not None else "", variables, f"{where}.environment.{k}") for k, v in env_raw.items()}
-    workdir = _fill(spec["working_dir"], variables, f"{where}.working_dir") if spec.get("working_dir") else None
+    env = {str(k): compose.fill(v if v is not None else "", variables, f"{where}.environment.{k}") for k, v in env_raw.items()}
+    workdir = compose.fill(spec["working_dir"], variables, f"{where}.working_dir") if spec.get("working_dir") else None
     build = spec.get("build")
     if build is None:
         image = spec.get("image")
         if not image:
             raise TaskFormatError(f"{where}: needs 'build' or 'image'")
-        return ClientService(image=_fill(image, variables, f"{where}.image"), env=env, workdir=workdir)
+        return ClientService(image=compose.fill(image, variables, f"{where}.image"), env=env, workdir=workdir)
     if isinstance(build, str):
         build = {"context": build}
     if not isinstance(build, dict):
         raise TaskFormatError(f"{where}.build: must be a path or a mapping")
-    context = (path.parent / _fill(build.get("context", "."), variables, f"{where}.build.context")).resolve()
+    context = (path.parent / compose.fill(build.get("context", "."), variables, f"{where}.build.context")).resolve()
     if not context.is_dir():
         raise TaskFormatError(f"{where}.build.context: '{context}' is not a directory")
-    dockerfile = _fill(build.get("dockerfile", "Dockerfile"), variables, f"{where}.build.dockerfile")
+    dockerfile = compose.fill(build.get("dockerfile", "Dockerfile"), variables, f"{where}.build.dockerfile")
     if not (context / dockerfile).is_file():
         raise TaskFormatError(f"{where}.build: no Dockerfile '{dockerfile}' in '{context}'")
     return ClientService(context_dir=context, dockerfile=dockerfile, env=env, workdir=workdir)
 
 
-def _argv(value: Any, variables: dict[str, str], where: str) -> tuple[str, ...]:
-    """A compose command / healthcheck test as argv (``CMD``, ``CMD-SHELL`` or a shell string)."""
-    if isinstance(value, str):
-        return ("/bin/sh", "-c", _fill(value, variables, where))
-    if not isinstance(value, list) or not value:
-        raise TaskFormatError(f"{where}: must be a string or a non-empty list")
-    items = [_fill(v, variables, where) for v in value]
-    if items[0] == "CMD-SHELL":
-        return ("/bin/sh", "-c", " ".join(items[1:]))
-    if items[0] == "CMD":
-        return tuple(items[1:])
-    return tuple(items)
-
-
 def load_sidecars(path: Path, task_id: str, client: str = CLIENT) -> tuple[ServiceSpec, ...]:
     """The services of ``path`` other than the client, as sidecar specs."""
-    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    variables = tbench_vars(task_id)
-    out = []
-    for name, raw in (data.get("services") or {}).items():
-        if name == client:
-            continue
-        where = f"{path} services.{name}"
-        raw = raw or {}
-        if not isinstance(raw, dict):
-            raise TaskFormatError(f"{where}: must be a mapping")
-        image, build = raw.get("image"), None
-        if raw.get("build") is not None:
-            b = raw["build"] if isinstance(raw["build"], dict) else {"context": raw["build"]}
-            context = (path.parent / _fill(b.get("context", "."), variables, f"{where}.build.context")).resolve()
-            build = BuildContext(context_dir=context, dockerfile=_fill(b.get("dockerfile", "Dockerfile"), variables, where))
-            image = None
-        elif not image:
-            raise TaskFormatError(f"{where}: needs 'build' or 'image'")
-        env_raw = raw.get("environment") or {}
-        if isinstance(env_raw, list):
-            env_raw = {k: v for k, _, v in (str(i).partition("=") for i in env_raw)}
-        env = {str(k): _fill("" if v is None else v, variables, f"{where}.environment.{k}") for k, v in env_raw.items()}
-        health = raw.get("healthcheck") or {}
-        test = health.get("test") if isinstance(health, dict) else None
-        healthcheck = None if test in (None, ["NONE"]) else _argv(test, variables, f"{where}.healthcheck.test")
-        out.append(ServiceSpec(
-            name=str(name),
-            image=_fill(image, variables, f"{where}.image") if image else None,
-            build=build,
-            env=env,
-            command=_argv(raw["command"], variables, f"{where}.command") if raw.get("command") else None,
-            healthcheck=healthcheck,
-        ))
-    return tuple(out)
+    return compose.load_sidecars(path, main=client, variables=tbench_vars(task_id))
