@@ -23,6 +23,20 @@ ensure_bwrap() {
   fi
 }
 
+start_container_engine() {
+  # The docker sandbox backend's real-engine tests: a private dockerd and a base image made from
+  # Debian packages (scripts/container_engine.sh; cached under ~/.cache/miles-engine/docker),
+  # stopped when the tests end. Without one those tests skip, saying why. MILES_NO_CONTAINER_ENGINE=1 skips it.
+  [ "${MILES_NO_CONTAINER_ENGINE:-0}" = 1 ] && return 0
+  local engine_env
+  if engine_env=$(scripts/container_engine.sh start); then
+    eval "$engine_env"
+    trap 'scripts/container_engine.sh stop' EXIT
+  else
+    echo "note: no container engine; the docker backend's real-engine tests will skip" >&2
+  fi
+}
+
 UV_VERSION=0.13.9
 
 install() {
@@ -56,6 +70,7 @@ case "$verb" in
     ;;
   test)
     install "[engine,server,report,dev]"
+    start_container_engine
     set +e
     "$VENV/bin/python" -m pytest "$@"
     rc=$?

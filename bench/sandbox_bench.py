@@ -1,7 +1,11 @@
 """Local sandbox figures: create+exec(true)+close latency and CPU per variant, and 64
 concurrent sandboxes each running a 1 s command.
 
-    .venv/bin/python bench/sandbox_bench.py [--n 100] [--concurrent 64]
+    .venv/bin/python bench/sandbox_bench.py [--n 100] [--concurrent 64] [--docker]
+
+``--docker`` adds the docker backend's figures (bench/docker_bench.py: create+exec+destroy
+p50/p95, exec p50, episodes/s of 16 concurrent oracle episodes of a Dockerfile-built task) on
+the engine DOCKER_HOST names (``eval "$(scripts/container_engine.sh start)"``).
 
 Variants (namespace ones only where the kernel gives namespaces): ``namespace`` (commands
 forked by the sandbox's PID 1, the default), ``ns-nsenter`` (``exec_via_init: false``: each
@@ -130,5 +134,12 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--concurrent", type=int, default=64)
+    ap.add_argument("--docker", action="store_true", help="also measure the docker backend (bench/docker_bench.py)")
+    ap.add_argument("--docker-n", type=int, default=30)
+    ap.add_argument("--episodes", type=int, default=16)
     a = ap.parse_args()
     asyncio.run(main(a.n, a.concurrent))
+    if a.docker:
+        import docker_bench  # the bench/ directory is on sys.path when this script runs
+
+        asyncio.run(docker_bench.main(a.docker_n, a.episodes))

@@ -88,5 +88,7 @@ def eval_cmd(recipe: str, overrides: tuple[str, ...], checkpoints: tuple[Path, .
             click.echo(f"difference (second - first) over {d.n} shared tasks: reward {d.value:+.3f} "
                        f"[{d.low:+.3f}, {d.high:+.3f}] (se {d.se:.3f}); pass@1 {diff['pass@1'].value:+.3f} "
                        f"[{diff['pass@1'].low:+.3f}, {diff['pass@1'].high:+.3f}]; {verdict}")
-    if not any(r.records for r in runs):
+    if not any(rec.reward is not None for r in runs for rec in r.records):
+        # no tasks, or every attempt's grading failed: nothing was evaluated
+        click.echo("no attempt was scored", err=True)
         sys.exit(1)

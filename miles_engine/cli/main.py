@@ -48,7 +48,9 @@ def cli() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        cli.main(args=argv, prog_name="miles", standalone_mode=False)
+        # Without standalone mode click *returns* the code of a raised click Exit (a failed
+        # check's `raise click.exceptions.Exit(1)`) instead of raising it: it must reach sys.exit.
+        code = cli.main(args=argv, prog_name="miles", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
@@ -60,6 +62,8 @@ def main(argv: list[str] | None = None) -> None:
     except MilesError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    if isinstance(code, int) and code != 0:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,20 @@ class BuildContext(_Model):
     dockerfile: str = "Dockerfile"
 
 
+class ServiceSpec(_Model):
+    """A sidecar container (a Docker Compose service besides the agent's): the sandbox's
+    commands reach it by ``name`` on a private network; it is started, and healthy, before
+    the sandbox is handed out, and removed with it."""
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]*$")
+    image: str | None = None
+    build: BuildContext | None = None
+    env: Mapping[str, str] = Field(default_factory=dict)
+    command: tuple[str, ...] | None = None  # argv; None: the image's own
+    healthcheck: tuple[str, ...] | None = None  # argv run inside the service until it exits 0
+    ready_timeout_s: float = Field(120.0, gt=0)
+
+
 class SandboxSpec(_Model):
     """What a task asks of a sandbox.
 
@@ -95,6 +109,7 @@ class SandboxSpec(_Model):
     files: Mapping[str, bytes] = Field(default_factory=dict)
     user: str | None = None
     min_isolation: IsolationLevel = "process"
+    services: tuple[ServiceSpec, ...] = ()  # sidecars (compose services), backends with Capabilities.services
 
 
 class Capabilities(_Model):
@@ -109,6 +124,7 @@ class Capabilities(_Model):
     gpus: bool = False
     max_cpus: float | None = None
     max_memory_mb: int | None = None
+    services: bool = False  # sidecar containers (SandboxSpec.services)
 
 
 @dataclass(frozen=True)
@@ -208,6 +224,8 @@ def unmet_needs(spec: SandboxSpec, caps: Capabilities) -> list[str]:
         needs.append(f"absolute task paths {', '.join(spec.paths)} (needs a private mount namespace)")
     if spec.resources.gpus and not caps.gpus:
         needs.append(f"{spec.resources.gpus} GPU(s)")
+    if spec.services and not caps.services:
+        needs.append(f"sidecar services {', '.join(sv.name for sv in spec.services)} (Docker Compose)")
     if spec.user and not caps.run_as_user:
         needs.append(f"running as user '{spec.user}'")
     if caps.max_cpus and spec.resources.cpus and spec.resources.cpus > caps.max_cpus:

@@ -12,12 +12,14 @@ Layout (Harbor's)::
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any, Literal
 
 from miles_engine.environments.base import SandboxTask
 from miles_engine.environments.protocol import EpisodeContext, Message, NoReferenceSolution, RewardResult, TaskLimits
 from miles_engine.errors import SandboxUnsupportedError, TaskFormatError
+from miles_engine.sandbox.compose import load_sidecars
 from miles_engine.sandbox.protocol import BuildContext, NetworkPolicy, Resources, SandboxSpec
 
 from miles_env_harbor import verifier
@@ -33,6 +35,7 @@ log = logging.getLogger(__name__)
 
 DefaultNetwork = Literal["none", "public"]
 TASK_PATHS: tuple[str, ...] = ("/app", "/logs", "/tests", "/solution")
+MAIN_SERVICE = "main"  # the agent's container in a Harbor compose overlay
 DEFAULT_WORKDIR = "/app"
 VERIFY_GRACE_S = 30.0  # on top of [verifier].timeout_sec, for uploads and reading reward files
 
@@ -134,14 +137,27 @@ class HarborTask(SandboxTask):
         )
 
     def sandbox_spec(self) -> SandboxSpec:
-        """The agent's sandbox: [environment] plus the [agent] phase's network and user."""
+        """The agent's sandbox: [environment] plus the [agent] phase's network and user; the
+        services of an environment/docker-compose.yaml overlay besides ``main`` are its sidecars."""
         env = self.config.environment
         agent = self.config.agent
         mode = agent.network_mode or env.declared_network()
         hosts = agent.allowed_hosts if agent.network_mode else env.allowed_hosts
         image, build = self._userland(env, tests_dockerfile=False)
-        return self._spec(env, _network(mode, hosts, self.default_network), role="agent",
+        spec = self._spec(env, _network(mode, hosts, self.default_network), role="agent",
                           image=image, build=build, user=agent.user)
+        overlay = self._compose_overlay()
+        if overlay is None or self.ignore_dockerfile:
+            return spec
+        # Compose fills unset variables with "" (and warns); Harbor's own ones name host paths.
+        sidecars = load_sidecars(overlay, main=MAIN_SERVICE, variables=dict(os.environ), strict=False)
+        return spec.model_copy(update={"services": sidecars})
+
+    def _compose_overlay(self) -> Path | None:
+        for name in ("docker-compose.yaml", "docker-compose.yml"):
+            if (self.environment_dir / name).is_file():
+                return self.environment_dir / name
+        return None
 
     def verifier_sandbox_spec(self) -> SandboxSpec:
         """The fresh sandbox of ``environment_mode = "separate"``: [verifier.environment], else a

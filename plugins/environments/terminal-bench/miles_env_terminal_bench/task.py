@@ -27,6 +27,7 @@ from miles_engine.environments.protocol import EpisodeContext, Message, NoRefere
 from miles_engine.errors import SandboxUnsupportedError, TaskFormatError
 from miles_engine.sandbox.protocol import BuildContext, NetworkPolicy, SandboxSpec
 
+from miles_env_terminal_bench.compose import load_client, load_sidecars
 from miles_env_terminal_bench.config import TBTaskConfig, load_solution_yaml, load_task_yaml
 from miles_env_terminal_bench.parser import parse_pytest_output
 
@@ -81,23 +82,26 @@ class TerminalBenchTask(SandboxTask):
         return [{"role": "user", "content": self.config.prompt_text}]
 
     def sandbox_spec(self) -> SandboxSpec:
-        build = None
+        build, image, env, workdir, sidecars = None, None, {}, "/app", ()
         if not self.ignore_dockerfile:
-            extra = [s for s in self.services if s != "client"]
-            if extra or (self.services and not (self.task_dir / "Dockerfile").is_file()):
-                raise SandboxUnsupportedError(
-                    f"task '{self.id}' ({self.task_dir}) needs Docker Compose "
-                    f"(services: {', '.join(self.services)}), which no miles sandbox backend supports yet; "
-                    f"load the source with ignore_dockerfile=true to run on the backend's default userland"
-                )
-            if (self.task_dir / "Dockerfile").is_file():
+            compose = self.task_dir / "docker-compose.yaml"
+            if compose.is_file():
+                client = load_client(compose, self.id)
+                if client.context_dir is not None:
+                    build = BuildContext(context_dir=client.context_dir, dockerfile=client.dockerfile)
+                image, env, workdir = client.image, client.env, client.workdir or workdir
+                sidecars = load_sidecars(compose, self.id)
+            elif (self.task_dir / "Dockerfile").is_file():
                 build = BuildContext(context_dir=self.task_dir)
         return SandboxSpec(
+            image=image,
             build=build,
-            workdir="/app",
-            paths=TASK_PATHS,
+            workdir=workdir,
+            paths=TASK_PATHS if workdir in TASK_PATHS else (*TASK_PATHS, workdir),
+            env=env,
             network=NetworkPolicy(mode=self.network),
             labels={"miles.source": str(self.metadata["source"]), "miles.task": self.id},
+            services=sidecars,
         )
 
     def _solution_script(self) -> bytes:

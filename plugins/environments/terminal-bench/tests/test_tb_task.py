@@ -51,11 +51,13 @@ def test_dockerfile_is_a_build_refused_by_the_local_backend_unless_ignored(tmp_p
     check_supported(plain, LOCAL_CAPS, backend="local")
 
 
-def test_multi_service_compose_is_refused_clearly(tmp_path):
+def test_multi_service_compose_gives_sidecars_refused_by_backends_without_them(tmp_path):
     compose = "services:\n  client:\n    build: .\n  db:\n    image: postgres\n"
     task = load_tb_task(make_tb_task(tmp_path, files={"Dockerfile": "FROM x\n", "docker-compose.yaml": compose}))
-    with pytest.raises(SandboxUnsupportedError, match=r"needs Docker Compose \(services: client, db\)"):
-        task.sandbox_spec()
+    spec = task.sandbox_spec()
+    assert [(sv.name, sv.image) for sv in spec.services] == [("db", "postgres")]
+    with pytest.raises(SandboxUnsupportedError, match=r"needs .*sidecar services db \(Docker Compose\)"):
+        check_supported(spec, LOCAL_CAPS, backend="local")
     with pytest.raises(TaskFormatError, match=r"docker-compose\.yaml: field 'services'"):
         load_tb_task(make_tb_task(tmp_path, "t2", files={"docker-compose.yaml": "services: 3\n"}))
 

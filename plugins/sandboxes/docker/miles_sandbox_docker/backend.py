@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+import time
+from typing import Any
 
 from miles_engine.errors import SandboxError
 from miles_engine.sandbox.protocol import RUN_LABEL, SANDBOX_LABEL, Capabilities, SandboxSpec, check_supported
 from miles_engine.sandbox.remote import retry_idempotent, run_id_for, sandbox_labels
 
-from miles_sandbox_docker import images
-from miles_sandbox_docker.cli import DockerCli, NoSuchContainer, classify
+from miles_sandbox_docker import images, services
+from miles_sandbox_docker.cli import DockerCli, EngineUnreachable, NoSuchContainer, classify
+from miles_sandbox_docker.lifecycle import OWNER_LABEL, Limiter, StepMetrics, owner_id, owner_is_dead
 from miles_sandbox_docker.options import DockerSandboxOptions
 from miles_sandbox_docker.sandbox import DockerSandbox
 from miles_sandbox_docker.scripts import KEEPALIVE, SETUP
@@ -32,6 +35,11 @@ class DockerSandboxBackend:
         self.cli = DockerCli(o.binary, o.host, o.call_timeout_s)
         self.run_id = o.run_id
         self._live: set[DockerSandbox] = set()
+        self._slots: set[DockerSandbox] = set()  # sandboxes holding a max_sandboxes slot
+        self.limiter = Limiter(o.max_sandboxes, o.max_creates_per_s)
+        self.metrics = StepMetrics()
+        self._owner = owner_id()
+        self._orphans_swept: asyncio.Task[list[str]] | None = None
 
     def capabilities(self) -> Capabilities:
         o = self.options
@@ -45,7 +53,16 @@ class DockerSandboxBackend:
             gpus=o.gpus,
             max_cpus=o.max_cpus,
             max_memory_mb=o.max_memory_mb,
+            services=True,
         )
+
+    def describe(self) -> dict[str, Any]:
+        detail = f"{self.cli.engine_name()} CLI {self.cli.executable_or_name()}"
+        return {"detail": detail, "metrics": self.metrics.snapshot()}
+
+    def stats(self) -> dict[str, float]:
+        """Per-step metrics: create / exec / destroy latency (p50, p95, n), builds and build cache hits."""
+        return self.metrics.snapshot()
 
     async def ping(self) -> str:
         """The engine's version; raises the one-line unreachable error when there is none."""
@@ -57,38 +74,63 @@ class DockerSandboxBackend:
         check_supported(spec, self.capabilities(), backend=self.name)
         o = self.options
         run_id = run_id_for(spec, self.run_id)
-        if spec.build is not None:
-            image = await images.ensure_build(
-                self.cli, spec.build, run_id=run_id, timeout_s=o.build_timeout_s, retry=o.retry
-            )
-        else:
-            image = spec.image or o.default_image
-            await images.ensure_image(self.cli, image, pull=o.pull, timeout_s=o.pull_timeout_s, retry=o.retry)
+        image = await self.image_for(spec, run_id)
+        if o.sweep_orphans:
+            await self.sweep_orphans_once()
+        await self.limiter.acquire()
         sandbox_id = "sbx-" + secrets.token_hex(6)
         container = "miles-" + sandbox_id
-        labels = sandbox_labels(spec, sandbox_id=sandbox_id, run_id=run_id, extra={BACKEND_LABEL: self.name})
+        extra = {BACKEND_LABEL: self.name, OWNER_LABEL: self._owner}
+        labels = sandbox_labels(spec, sandbox_id=sandbox_id, run_id=run_id, extra=extra)
         sb = DockerSandbox(self, spec, sandbox_id, container)
         self._live.add(sb)
+        self._slots.add(sb)
         try:
-            await self._run_container(container, image, spec, labels)
+            await self.limiter.pace()
+            t0 = time.monotonic()
+            if spec.services:
+                sb.network = await services.create_network(self, sb, labels)
+                await services.start_services(self, sb, sb.network, labels, run_id)
+            sb.container_id = await self._run_container(container, image, spec, labels, network=sb.network)
             await self._setup(sb)
             if spec.files:
                 await sb.put_files(spec.files)
+            self.metrics.observe("create", time.monotonic() - t0)
         except BaseException:
             await asyncio.shield(sb.close())
             raise
         return sb
 
-    def run_args(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str]) -> list[str]:
-        """The ``docker run`` arguments for a spec (public for tests and debugging)."""
+    async def image_for(self, spec: SandboxSpec, run_id: str) -> str:
+        """The local image for a spec: built from ``spec.build`` (cached by content hash), else
+        ``spec.image`` / ``default_image`` through the image map, pulled per the pull policy."""
+        o = self.options
+        if spec.build is not None:
+            counters: dict[str, int] = {}
+            tag = await images.ensure_build(
+                self.cli, spec.build, run_id=run_id, timeout_s=o.build_timeout_s, retry=o.retry,
+                image_map=o.image_map, network=o.build_network, stats=counters,
+            )
+            for key, n in counters.items():
+                self.metrics.count(key, n)
+            return tag
+        image = images.map_image(spec.image or o.default_image, o.image_map)
+        await images.ensure_image(self.cli, image, pull=o.pull, timeout_s=o.pull_timeout_s, retry=o.retry)
+        return image
+
+    def run_args(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str],
+                 network: str | None = None) -> list[str]:
+        """The ``docker run`` arguments for a spec (public for tests and debugging); ``network``:
+        the sandbox's own network when it has services."""
         o, res = self.options, spec.resources
         args = ["run", "--detach", "--init", "--rm", "--pull", "never", "--name", container]
         for key, value in labels.items():
             args += ["--label", f"{key}={value}"]
-        args += ["--network", "none" if spec.network.mode == "none" else o.public_network]
+        args += ["--network", network or ("none" if spec.network.mode == "none" else o.public_network)]
         args += ["--hostname", container[:63]]
-        if res.cpus:
-            args += ["--cpus", f"{res.cpus:g}"]
+        cpus = res.cpus or o.default_cpus
+        if cpus:
+            args += ["--cpus", f"{cpus:g}"]
         if res.memory_mb:
             args += ["--memory", f"{res.memory_mb}m", "--memory-swap", f"{res.memory_mb}m"]
         if res.disk_mb and o.enforce_disk:
@@ -97,6 +139,8 @@ class DockerSandboxBackend:
             args += ["--gpus", str(res.gpus)]
         if o.pids_limit:
             args += ["--pids-limit", str(o.pids_limit)]
+        if o.max_file_size_mb:
+            args += ["--ulimit", f"fsize={o.max_file_size_mb << 20}"]
         for key, value in spec.env.items():
             args += ["--env", f"{key}={value}"]
         if spec.user:
@@ -105,22 +149,29 @@ class DockerSandboxBackend:
         args.append(f"{spec.ttl_s:g}" if spec.ttl_s else "")
         return args
 
-    async def _run_container(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str]) -> None:
+    async def _run_container(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str],
+                             network: str | None = None) -> str:
+        """Start the container; return its id ('' when the engine's answer did not carry it)."""
         what = f"start container for image '{image}'"
-        args = self.run_args(container, image, spec, labels)
+        args = self.run_args(container, image, spec, labels, network=network)
         tries = 0
 
-        async def attempt() -> None:
+        async def attempt() -> str:
             nonlocal tries
             tries += 1
             res = await self.cli.run(args, what=what, check=False)
             if res.rc == 0:
-                return
+                return res.stdout.decode(errors="replace").strip().splitlines()[-1:][0] if res.stdout.strip() else ""
             if tries > 1 and "conflict" in res.err.lower() and await self._is_ours(container, labels[SANDBOX_LABEL]):
-                return  # our earlier attempt did start it; only its answer was lost
+                return ""  # our earlier attempt did start it; only its answer was lost
             raise classify(what, res.err)
 
-        await retry_idempotent(attempt, what=what, policy=self.options.retry)
+        return await retry_idempotent(attempt, what=what, policy=self.options.retry)
+
+    def engine_is_local(self) -> bool:
+        """The engine runs on this host (a unix socket), so its processes are visible in /proc."""
+        host = self.cli.env().get("DOCKER_HOST", "")
+        return not host or host.startswith("unix://")
 
     async def _is_ours(self, container: str, sandbox_id: str) -> bool:
         res = await self.cli.run(
@@ -160,6 +211,45 @@ class DockerSandboxBackend:
 
     def _forget(self, sb: DockerSandbox) -> None:
         self._live.discard(sb)
+        if sb in self._slots:
+            self._slots.discard(sb)
+            self.limiter.release()
+
+    async def sweep_orphans_once(self) -> list[str]:
+        """Once per backend: remove containers whose creating miles process (on this host) is
+        dead, e.g. a SIGKILLed training run's. Returns their sandbox ids."""
+        if self._orphans_swept is None:
+            self._orphans_swept = asyncio.ensure_future(self._sweep_orphans())
+        try:
+            return await asyncio.shield(self._orphans_swept)
+        except EngineUnreachable:
+            self._orphans_swept = None  # nothing to sweep yet; try again with the next create
+            raise
+        except SandboxError as exc:
+            log.warning("docker sandbox: orphan sweep failed: %s", exc)
+            return []
+
+    async def _sweep_orphans(self) -> list[str]:
+        fmt = "{{.ID}}\t{{.Label \"" + SANDBOX_LABEL + "\"}}\t{{.Label \"" + OWNER_LABEL + "\"}}"
+        listed = await self.cli.run(
+            ["ps", "--all", "--no-trunc", "--filter", f"label={BACKEND_LABEL}={self.name}", "--format", fmt],
+            what="list docker sandboxes", check=False,
+        )
+        if listed.rc != 0:
+            raise classify("list docker sandboxes", listed.err)
+        removed = []
+        for line in listed.stdout.decode().splitlines():
+            cid, sid, owner = (line.strip().split("\t") + ["", ""])[:3]
+            if cid and owner and owner_is_dead(owner):
+                await self._remove(cid, sid or cid)
+                removed.append(sid or cid)
+        dead_nets = [n for n, owner in await services.networks_labelled(self, f"{BACKEND_LABEL}={self.name}")
+                     if owner and owner_is_dead(owner)]
+        await services.remove_networks(self, dead_nets)
+        if removed:
+            log.warning("docker sandbox: removed %d container(s) left by dead miles processes: %s",
+                        len(removed), ", ".join(removed))
+        return removed
 
     async def sweep(self, run_id: str) -> list[str]:
         """Remove every container labelled ``miles.run=run_id``; return their sandbox ids."""
@@ -183,6 +273,7 @@ class DockerSandboxBackend:
         for cid, sid in found:
             await self._remove(cid, sid)
             removed.append(sid)
+        await services.remove_networks(self, [n for n, _ in await services.networks_labelled(self, f"{RUN_LABEL}={run_id}")])
         if removed:
             log.info("swept %d docker sandbox(es) of run %s", len(removed), run_id)
         return removed

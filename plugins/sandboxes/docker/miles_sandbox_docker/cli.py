@@ -93,6 +93,8 @@ class DockerCli:
     def executable(self) -> str:
         if self._path is None:
             found = shutil.which(self.binary)
+            if found is None and self.binary == "docker":
+                found = shutil.which("podman")  # Podman's CLI takes the same arguments
             if found is None:
                 raise EngineUnreachable(
                     f"docker sandbox: the docker CLI '{self.binary}' was not found"
@@ -101,6 +103,24 @@ class DockerCli:
                 )
             self._path = found
         return self._path
+
+    def executable_or_name(self) -> str:
+        try:
+            return self.executable()
+        except EngineUnreachable:
+            return self.binary
+
+    def engine_name(self) -> str:
+        """'podman' when the CLI is Podman's (by name, or a docker shim script that runs it), else 'docker'."""
+        path = self.executable_or_name()
+        if "podman" in os.path.basename(path):
+            return "podman"
+        try:
+            with open(path, "rb") as f:
+                head = f.read(512)
+        except OSError:
+            return "docker"
+        return "podman" if head.startswith(b"#!") and b"podman" in head else "docker"
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)

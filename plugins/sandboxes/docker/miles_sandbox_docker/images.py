@@ -1,19 +1,70 @@
 """Getting the image a spec asks for: a registry reference (pulled per the pull policy) or
-a Dockerfile build context (built once per content hash and tagged ``miles-build:<hash>``)."""
+a Dockerfile build context (built once per content hash and tagged ``miles-build:<hash>``).
+
+The image map (``ubuntu:24.04`` -> a local or mirror image) applies to spec images and to the
+Dockerfile's ``FROM`` lines: a mapped Dockerfile is written next to the context (outside it)
+and passed with ``--file``, so the task directory is never modified and the engine's own
+``ubuntu:24.04`` (if any) is never retagged."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from miles_engine.errors import SandboxError
 from miles_engine.sandbox.protocol import RUN_LABEL, BuildContext
-from miles_engine.sandbox.remote import RetryPolicy, retry_idempotent
+from miles_engine.sandbox.remote import QuotaError, RetryPolicy, TransientError, retry_idempotent
 
 from miles_sandbox_docker.cli import DockerCli, EngineUnreachable, classify
 
 BUILD_REPO = "miles-build"
+_FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
+_STEP_FAILED = ("returned a non-zero code", "did not complete successfully")
+_CLASSIC_STEP = re.compile(r"^Step (\d+/\d+) : (.*)$")
+_BUILDKIT_STEP = re.compile(r"^#\d+ \[(?:[\w.-]+ )?(\d+/\d+)\] (.*)$")
+
+
+def map_image(ref: str, image_map: Mapping[str, str]) -> str:
+    """``ref`` through the image map (also matched without a ``docker.io/[library/]`` prefix)."""
+    if ref in image_map:
+        return image_map[ref]
+    short = ref.removeprefix("docker.io/").removeprefix("library/")
+    return image_map.get(short, ref)
+
+
+def map_dockerfile(text: str, image_map: Mapping[str, str]) -> str:
+    """The Dockerfile with every ``FROM`` reference passed through the image map."""
+    if not image_map:
+        return text
+    out = []
+    for line in text.splitlines(keepends=True):
+        m = _FROM.match(line.rstrip("\r\n"))
+        if m:
+            end = line[len(line.rstrip("\r\n")):]
+            line = m.group(1) + m.group(2) + map_image(m.group(3), image_map) + m.group(4) + end
+        out.append(line)
+    return "".join(out)
+
+
+def failed_step(output: str) -> str | None:
+    """The build step that was running when a build failed, from the builder's output."""
+    step = None
+    for line in output.splitlines():
+        line = line.strip()
+        m = _CLASSIC_STEP.match(line) or _BUILDKIT_STEP.match(line)
+        if m:
+            step = f"step {m.group(1)}: {m.group(2)}"
+    if step is None:
+        m = re.search(r"The command '(.+?)' returned a non-zero code", output) or re.search(
+            r'process "(.+?)" did not complete successfully', output
+        )
+        if m:
+            step = f"RUN {m.group(1).removeprefix('/bin/sh -c ')}"
+    return step
 
 
 async def image_present(cli: DockerCli, ref: str) -> bool:
@@ -44,10 +95,11 @@ async def ensure_image(cli: DockerCli, ref: str, *, pull: str, timeout_s: float,
         raise SandboxError(f"docker sandbox: cannot get image '{ref}': {exc}") from exc
 
 
-def context_hash(build: BuildContext) -> str:
-    """A hash of the build context's files (names, modes, contents) and Dockerfile name."""
+def context_hash(build: BuildContext, dockerfile_text: str | None = None) -> str:
+    """A hash of the build context's files (names, modes, contents), the Dockerfile's name and
+    the (mapped) Dockerfile text."""
     root = Path(build.context_dir)
-    h = hashlib.sha256(build.dockerfile.encode() + b"\0")
+    h = hashlib.sha256(build.dockerfile.encode() + b"\0" + (dockerfile_text or "").encode() + b"\0")
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames.sort()
         for name in sorted(filenames):
@@ -64,30 +116,69 @@ def context_hash(build: BuildContext) -> str:
     return h.hexdigest()[:20]
 
 
-async def ensure_build(cli: DockerCli, build: BuildContext, *, run_id: str, timeout_s: float, retry: RetryPolicy) -> str:
-    """Build the context (unless an image of the same content exists) and return its tag."""
+async def ensure_build(
+    cli: DockerCli,
+    build: BuildContext,
+    *,
+    run_id: str,
+    timeout_s: float,
+    retry: RetryPolicy,
+    image_map: Mapping[str, str] | None = None,
+    network: str = "default",
+    stats: dict[str, int] | None = None,
+) -> str:
+    """Build the context (unless an image of the same content exists) and return its tag.
+    ``stats`` counts ``build_cache_hits`` / ``builds``."""
     ctx = Path(build.context_dir)
     dockerfile = ctx / build.dockerfile
     if not ctx.is_dir():
         raise SandboxError(f"docker sandbox: build context '{ctx}' is not a directory")
     if not dockerfile.is_file():
         raise SandboxError(f"docker sandbox: no Dockerfile at '{dockerfile}' (spec.build.dockerfile)")
-    tag = f"{BUILD_REPO}:{context_hash(build)}"
+    original = dockerfile.read_text(encoding="utf-8", errors="replace")
+    mapped = map_dockerfile(original, image_map or {})
+    tag = f"{BUILD_REPO}:{context_hash(build, mapped)}"
+    stats = stats if stats is not None else {}
     if await image_present(cli, tag):
+        stats["build_cache_hits"] = stats.get("build_cache_hits", 0) + 1
         return tag
+    stats["builds"] = stats.get("builds", 0) + 1
+    with tempfile.TemporaryDirectory(prefix="miles-dockerfile-") as tmp:
+        file_arg = dockerfile
+        if mapped != original:
+            file_arg = Path(tmp, "Dockerfile")
+            file_arg.write_text(mapped, encoding="utf-8")
+        args = ["build", "--force-rm", "--tag", tag, "--file", str(file_arg), "--label", f"{RUN_LABEL}={run_id}"]
+        if network != "default":
+            args += ["--network", network]
+        what = f"build '{dockerfile}'"
 
-    async def do_build() -> None:
-        await cli.run(
-            ["build", "--quiet", "--tag", tag, "--file", str(dockerfile), "--label", f"{RUN_LABEL}={run_id}", str(ctx)],
-            what=f"build '{dockerfile}'",
-            timeout_s=timeout_s,
-        )
+        async def do_build() -> None:
+            res = await cli.run([*args, str(ctx)], what=what, timeout_s=timeout_s, check=False, max_stdout=4 << 20)
+            if res.rc == 0:
+                return
+            output = res.stdout.decode(errors="replace") + "\n" + res.err
+            step_failed = any(m in output for m in _STEP_FAILED)  # a RUN step failed: deterministic
+            err = classify(what, res.err or output[-2000:])
+            if not step_failed and isinstance(err, (EngineUnreachable, TransientError, QuotaError)):
+                raise err
+            step = failed_step(output)
+            tail = "\n".join(line for line in output.splitlines()[-8:] if line.strip())
+            hint = ""
+            if network == "none":
+                hint = " (builds run with build_network='none': a step that needs the network cannot succeed)"
+            raise SandboxError(
+                f"docker sandbox: building '{dockerfile}' failed"
+                + (f" at {step}" if step else "")
+                + f"{hint}:\n{tail}"
+            )
 
-    try:
-        await retry_idempotent(do_build, what=f"build '{dockerfile}'", policy=retry)
-    except EngineUnreachable:
-        raise
-    except SandboxError as exc:
-        tail = "\n".join(str(exc).splitlines()[-6:])
-        raise SandboxError(f"docker sandbox: building '{dockerfile}' failed: {tail}") from exc
+        try:
+            await retry_idempotent(do_build, what=what, policy=retry)
+        except EngineUnreachable:
+            raise
+        except SandboxError as exc:
+            if str(exc).startswith("docker sandbox: building"):
+                raise
+            raise SandboxError(f"docker sandbox: building '{dockerfile}' failed: {exc}") from exc
     return tag

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from miles_engine.errors import ConfigError
 from miles_engine.sandbox.protocol import DEFAULT_MAX_OUTPUT_BYTES
 from miles_engine.sandbox.remote import RetryPolicy
 
@@ -15,7 +17,10 @@ class DockerSandboxOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    binary: str = Field("docker", description="the docker CLI: a name on PATH or an absolute path")
+    binary: str = Field(
+        "docker", description="the engine CLI: a name on PATH or an absolute path ('docker', or 'podman' "
+        "through its Docker-compatible CLI; 'docker' falls back to 'podman' when only podman is installed)"
+    )
     host: str | None = Field(None, description="engine address (sets DOCKER_HOST for the CLI); default: the CLI's context")
     run_id: str | None = Field(
         None, description="run id labelled on every container (default: $MILES_RUN_ID, else one per process)"
@@ -24,19 +29,80 @@ class DockerSandboxOptions(BaseModel):
         "debian:bookworm-slim", description="image for specs that name none (needs /bin/sh; bash for string commands)"
     )
     pull: Literal["missing", "always", "never"] = Field("missing", description="when to pull a registry image")
-    public_network: str = Field("bridge", description="docker network used for network mode 'public'")
+    image_map: dict[str, str] = Field(
+        default_factory=lambda: _env_map("MILES_DOCKER_IMAGE_MAP"),
+        description="image reference -> local or mirror image, applied to spec images and to Dockerfile FROM "
+        "lines (e.g. {'ubuntu:24.04': 'mirror.local/ubuntu:24.04'}); default: $MILES_DOCKER_IMAGE_MAP as "
+        "'ref=image,ref=image'",
+    )
+    public_network: str = Field(
+        default_factory=lambda: os.environ.get("MILES_DOCKER_PUBLIC_NETWORK") or "bridge",
+        description="docker network used for network mode 'public' (default: $MILES_DOCKER_PUBLIC_NETWORK, else bridge)",
+    )
+    build_network: str = Field(
+        default_factory=lambda: os.environ.get("MILES_DOCKER_BUILD_NETWORK") or "default",
+        description="network of Dockerfile RUN steps: 'default' (the engine's), 'host', 'none' (air-gapped: a "
+        "step that needs the network fails at once and is named) or a network name; "
+        "default: $MILES_DOCKER_BUILD_NETWORK",
+    )
+    max_sandboxes: int | None = Field(
+        None, gt=0, description="containers alive at once; create() waits for a free slot (None: no limit)"
+    )
+    max_creates_per_s: float | None = Field(
+        None, gt=0, description="container starts per second at most (spreads bursts; None: no limit)"
+    )
+    sweep_orphans: bool = Field(
+        True, description="on first use, remove containers left by dead miles processes of this host "
+        "(a SIGKILLed run's leftovers)"
+    )
     gpus: bool = Field(False, description="the engine has the NVIDIA runtime: allow specs asking for GPUs")
     max_cpus: float | None = Field(None, gt=0, description="refuse specs asking for more CPUs")
     max_memory_mb: int | None = Field(None, gt=0, description="refuse specs asking for more memory")
     enforce_disk: bool = Field(
         False, description="pass spec.resources.disk_mb as --storage-opt size= (needs overlay2 on xfs with pquota)"
     )
-    pids_limit: int | None = Field(4096, gt=0, description="--pids-limit per container (fork bombs)")
+    default_cpus: float | None = Field(
+        1.0, gt=0, description="--cpus for specs that ask for none (a runaway command then holds one core, "
+        "not the host; None: no cap)"
+    )
+    pids_limit: int | None = Field(1024, gt=0, description="--pids-limit per container (fork bombs)")
+    max_file_size_mb: int | None = Field(
+        512, gt=0, description="largest file a command may write (RLIMIT_FSIZE via --ulimit fsize=); a per-file "
+        "cap, not a disk quota (see enforce_disk)"
+    )
     default_timeout_s: float = Field(120.0, gt=0, description="exec timeout when none is given")
     max_output_bytes: int = Field(DEFAULT_MAX_OUTPUT_BYTES, gt=0, description="per-stream output cap")
     max_transfer_mb: int = Field(2048, gt=0, description="cap on read_file/download_dir transfers")
     call_timeout_s: float = Field(120.0, gt=0, description="bound on one docker call (run, cp, rm...)")
     pull_timeout_s: float = Field(900.0, gt=0, description="bound on one image pull")
     build_timeout_s: float = Field(1800.0, gt=0, description="bound on one image build")
-    kill_timeout_s: float = Field(10.0, gt=0, description="bound on killing a timed-out command's process tree")
+    kill_timeout_s: float = Field(
+        4.0, gt=0, description="bound on killing a timed-out command's process tree inside the container; past it "
+        "(e.g. a fork bomb at the pids limit) the container is killed and the sandbox is dead"
+    )
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="backoff for idempotent docker calls")
+
+    @property
+    def max_processes(self) -> int | None:
+        """The per-container process cap (``pids_limit``), under the local backend's name."""
+        return self.pids_limit
+
+    @field_validator("image_map")
+    @classmethod
+    def _no_empty_refs(cls, value: dict[str, str]) -> dict[str, str]:
+        for ref, image in value.items():
+            if not ref.strip() or not image.strip():
+                raise ValueError(f"image_map entries need a reference and an image, got {ref!r}: {image!r}")
+        return value
+
+
+def _env_map(var: str) -> dict[str, str]:
+    """'a=b,c=d' from the environment as a mapping (a malformed entry is an error naming it)."""
+    raw = os.environ.get(var, "").strip()
+    out: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        ref, sep, image = item.partition("=")
+        if not sep or not ref or not image:
+            raise ConfigError(f"${var}: entry {item!r} is not REF=IMAGE (expected 'ref=image,ref=image')")
+        out[ref] = image
+    return out

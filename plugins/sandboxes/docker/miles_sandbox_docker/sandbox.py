@@ -4,9 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import secrets
+import signal
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +20,13 @@ from miles_engine.sandbox.remote import read_capped, retry_idempotent
 from miles_sandbox_docker import tarstream
 from miles_sandbox_docker.cli import NoSuchContainer, classify
 from miles_sandbox_docker.scripts import EXEC_ENV, EXEC_WRAPPER, KILL_TREE, START_MARK
+
+
+
+@dataclass(frozen=True)
+class HostProcess:
+    pid: int
+
 
 if TYPE_CHECKING:
     from miles_sandbox_docker.backend import DockerSandboxBackend
@@ -35,6 +45,10 @@ class DockerSandbox:
         self.cli = backend.cli
         self.opts = backend.options
         self._closed = False
+        self.dead_reason: str | None = None  # set when the backend had to kill the container
+        self.container_id = ""  # the engine's full id (as in the host's cgroup paths)
+        self.network: str | None = None  # its own network, when it has services
+        self.service_containers: list[str] = []
         self._close_task: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -61,11 +75,29 @@ class DockerSandbox:
         """Remove the container (and everything running in it). Idempotent."""
         if self._close_task is None:
             self._closed = True
-            self._close_task = asyncio.ensure_future(self.backend._remove(self.container, self.id))
+            self._close_task = asyncio.ensure_future(self._timed_remove())
         try:
             await asyncio.shield(self._close_task)
         finally:
             self.backend._forget(self)
+
+    def leftover_processes(self) -> list[HostProcess] | None:
+        """Host processes still in this container's cgroup (None: not observable from here,
+        the engine is remote or the id is unknown)."""
+        if not self.container_id or not self.backend.engine_is_local():
+            return None
+        return [HostProcess(pid) for pid in container_pids(self.container_id)]
+
+    async def _timed_remove(self) -> None:
+        t0 = time.monotonic()
+        try:
+            await self.backend._remove(self.container, self.id)
+        finally:
+            if self.network or self.service_containers:
+                from miles_sandbox_docker.services import remove_services
+
+                await remove_services(self.backend, self)
+        self.backend.metrics.observe("destroy", time.monotonic() - t0)
 
     async def __aenter__(self) -> DockerSandbox:
         return self
@@ -120,7 +152,9 @@ class DockerSandbox:
                 await asyncio.wait_for(asyncio.shield(asyncio.gather(out_task, err_task, proc.wait())), timeout)
             except asyncio.TimeoutError:
                 timed_out = True
-                await self._kill_tree(token)
+                killed = self.backend.engine_is_local() and await self._kill_tree_from_host(token)
+                if not killed and not await self._kill_tree(token):
+                    await self._kill_container()
                 try:  # the CLI exits once the killed command's streams close
                     await asyncio.wait_for(asyncio.shield(asyncio.gather(out_task, err_task, proc.wait())), 5)
                 except asyncio.TimeoutError:
@@ -135,6 +169,7 @@ class DockerSandbox:
         finally:
             feed_task.cancel()
         duration = time.monotonic() - t0
+        self.backend.metrics.observe("exec", duration)
         (out, out_cut), (err, err_cut) = out_task.result(), err_task.result()
         if out.startswith(START_MARK):
             out = out[len(START_MARK) :]
@@ -154,7 +189,8 @@ class DockerSandbox:
         """The error for an exec that docker could not start (or, with ``what``, that failed)."""
         err = classify(what or f"exec in sandbox {self.id}", stderr)
         if isinstance(err, NoSuchContainer):
-            return SandboxError(f"sandbox {self.id} is dead: its container is gone or stopped ({stderr.strip()})")
+            why = self.dead_reason or "its container is gone or stopped"
+            return SandboxError(f"sandbox {self.id} is dead: {why} ({stderr.strip()})")
         if '"/bin/sh"' in stderr:
             return SandboxError(
                 f"sandbox {self.id}: the image has no /bin/sh ({stderr.strip()}); "
@@ -162,15 +198,61 @@ class DockerSandbox:
             )
         return err
 
-    async def _kill_tree(self, token: str) -> None:
-        """SIGKILL every process of one exec (best effort, bounded: close() removes all)."""
+    async def _kill_tree(self, token: str) -> bool:
+        """SIGKILL every process of one exec (bounded: close() removes all). False when the
+        kill script could not run, e.g. a fork bomb holds every slot of the pids limit."""
         try:
-            await self.cli.run(
+            res = await self.cli.run(
                 ["exec", "-u", "0", self.container, "/bin/sh", "-c", KILL_TREE, "miles-kill", token],
                 what=f"kill timed-out command in sandbox {self.id}",
                 timeout_s=self.opts.kill_timeout_s,
                 check=False,
             )
+        except SandboxError:
+            return False
+        return res.rc == 0
+
+    async def _kill_tree_from_host(self, token: str) -> bool:
+        """With the engine on this host: SIGKILL the exec's processes (those of this
+        container's cgroup carrying the token) from outside, which needs no free process slot
+        inside. A tree that keeps forking (a fork bomb) is frozen first: pause the container
+        (the cgroup freezer), kill, unpause (they die on thaw). False when none was found."""
+        if not self.container_id:
+            return False
+        marker = f"{EXEC_ENV}={token}".encode()
+        found = False
+        for _ in range(3):
+            if not await asyncio.to_thread(_sigkill_tagged, self.container_id, marker):
+                return found
+            found = True
+        what = f"freeze sandbox {self.id}"
+        try:
+            paused = (await self.cli.run(["pause", self.container], what=what, check=False)).rc == 0
+        except SandboxError:
+            paused = False  # it may still have paused: unpause below regardless
+        try:
+            await asyncio.to_thread(_sigkill_tagged, self.container_id, marker)
+        finally:
+            await self._unpause(certain=paused)
+        return True
+
+    async def _unpause(self, *, certain: bool) -> None:
+        """Thaw the container (retried: a container left paused would hang every later exec)."""
+        for _ in range(3):
+            try:
+                res = await self.cli.run(["unpause", self.container], what=f"thaw sandbox {self.id}", check=False)
+            except SandboxError:
+                continue
+            if res.rc == 0 or not certain or "not paused" in res.err.lower():
+                return
+
+    async def _kill_container(self) -> None:
+        """The last resort for a command that cannot be killed from inside (a fork bomb at
+        the pids limit): kill the whole container. The sandbox is dead afterwards."""
+        self.dead_reason = "its container was killed: a timed-out command could not be stopped inside it"
+        try:
+            await self.cli.run(["kill", self.container], what=f"kill sandbox {self.id}", check=False,
+                               timeout_s=self.opts.kill_timeout_s)
         except SandboxError:
             pass
 
@@ -268,3 +350,42 @@ async def _feed(proc: asyncio.subprocess.Process, data: bytes | None) -> None:
         pass  # the command did not read all of its input
     finally:
         proc.stdin.close()
+
+
+_CGROUP_GLOBS = ("/sys/fs/cgroup/pids/docker/{id}", "/sys/fs/cgroup/pids/*/docker-{id}.scope",
+                 "/sys/fs/cgroup/system.slice/docker-{id}.scope", "/sys/fs/cgroup/docker/{id}",
+                 "/sys/fs/cgroup/pids/machine.slice/libpod-{id}.scope", "/sys/fs/cgroup/machine.slice/libpod-{id}.scope")
+
+
+def container_pids(container_id: str) -> list[int]:
+    """Host pids in the container's cgroup: its cgroup.procs when found (cheap), else a /proc scan."""
+    import glob
+
+    for pattern in _CGROUP_GLOBS:
+        for d in glob.glob(pattern.format(id=container_id)):
+            try:
+                return [int(x) for x in Path(d, "cgroup.procs").read_text().split()]
+            except OSError:
+                continue
+    found = []
+    for d in Path("/proc").glob("[0-9]*"):
+        try:
+            if container_id in (d / "cgroup").read_text():
+                found.append(int(d.name))
+        except OSError:
+            continue
+    return found
+
+
+def _sigkill_tagged(container_id: str, marker: bytes) -> int:
+    """SIGKILL the host processes in ``container_id``'s cgroup whose environment has
+    ``marker``; return how many were found."""
+    found = 0
+    for pid in container_pids(container_id):
+        try:
+            if marker in Path(f"/proc/{pid}/environ").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+                found += 1
+        except OSError:
+            continue
+    return found

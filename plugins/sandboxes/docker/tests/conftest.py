@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+collect_ignore = ["tasks"]  # task fixtures: their tests/ run inside containers, not here
 FAKE = Path(__file__).with_name("fake_docker.py")
 MARK = b"FAKE_DOCKER_CONTAINER="
 
@@ -96,8 +97,15 @@ def make_fake(root: Path) -> FakeDocker:
     return fake
 
 
+# Engine settings that scripts/container_engine.sh exports for the real engine; the fake
+# engine's tests must not inherit them (its registry knows no miles-base image).
+ENGINE_ENV = ("DOCKER_HOST", "MILES_DOCKER_IMAGE_MAP", "MILES_DOCKER_PUBLIC_NETWORK", "MILES_DOCKER_BUILD_NETWORK")
+
+
 @pytest.fixture
-def fake_docker(tmp_path: Path) -> Iterator[FakeDocker]:
+def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeDocker]:
+    for var in ENGINE_ENV:
+        monkeypatch.delenv(var, raising=False)
     fake = make_fake(tmp_path)
     yield fake
     fake.kill_all()
@@ -120,6 +128,9 @@ def real_docker() -> str | None:
 @pytest.fixture(scope="class")
 def fake_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeDocker]:
     """One fake engine shared by a test class (the contract run)."""
-    fake = make_fake(tmp_path_factory.mktemp("fake-docker"))
-    yield fake
-    fake.kill_all()
+    with pytest.MonkeyPatch.context() as mp:
+        for var in ENGINE_ENV:
+            mp.delenv(var, raising=False)
+        fake = make_fake(tmp_path_factory.mktemp("fake-docker"))
+        yield fake
+        fake.kill_all()

@@ -37,14 +37,14 @@ UNREACHABLE = "Cannot connect to the Docker daemon at unix:///var/run/docker.soc
 MARK_ENV = "FAKE_DOCKER_CONTAINER"
 VALUE_FLAGS = {
     "run": {"--pull", "--name", "--label", "--network", "--hostname", "--cpus", "--memory", "--memory-swap",
-            "--storage-opt", "--gpus", "--pids-limit", "--env", "--user", "--workdir", "--entrypoint"},
+            "--storage-opt", "--gpus", "--pids-limit", "--ulimit", "--env", "--user", "--workdir", "--entrypoint"},
     "exec": {"-e", "-u", "-w"},
     "ps": {"--filter", "--format"},
-    "build": {"--tag", "--file", "--label"},
+    "build": {"--tag", "--file", "--label", "--network"},
     "image inspect": {"--format"}, "container inspect": {"--format"}, "version": {"--format"},
 }
 BOOLS = {"run": {"--detach", "--init", "--rm"}, "exec": {"-i"}, "ps": {"--all", "--no-trunc"},
-         "rm": {"--force", "--volumes"}, "pull": {"--quiet"}, "build": {"--quiet"}, "cp": {"-L"}}
+         "rm": {"--force", "--volumes"}, "pull": {"--quiet"}, "build": {"--quiet", "--force-rm"}, "cp": {"-L"}}
 
 
 def fail(msg: str, rc: int = 1) -> None:

@@ -118,7 +118,7 @@ def test_build_context_is_built_once_per_content(fake_docker: FakeDocker, tmp_pa
     tag = builds[0][builds[0].index("--tag") + 1]
     assert tag.startswith("miles-build:") and f"{RUN_LABEL}=build-run" in builds[0]
     (ctx / "Dockerfile").write_text("FROM debian:bookworm-slim\nRUN false\n")
-    with pytest.raises(SandboxError, match=r"building '.*Dockerfile' failed:.*did not complete successfully"):
+    with pytest.raises(SandboxError, match=r"(?s)building '.*Dockerfile' failed at RUN false:.*did not complete successfully"):
         run(be.create(SandboxSpec(build=BuildContext(context_dir=ctx))))
 
 

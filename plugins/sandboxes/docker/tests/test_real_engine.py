@@ -1,0 +1,297 @@
+"""The docker backend against a real container engine (``scripts/container_engine.sh start``
+provides one: a private dockerd and a base image made from Debian packages, with the image
+map ``ubuntu:24.04 -> miles-base:bookworm``). Skipped, with the reason, where none answers.
+
+Covered: the hostile-command suite; a fork bomb at the pids limit stopped without losing the
+sandbox; memory limit; Dockerfile builds cached by content, a build needing the network with
+none allowed failing at its step; Harbor, terminal-bench and compose tasks built from their
+own directories (oracle 1.0, no-op 0.0 through ``miles env validate``); a SIGKILLed run's
+containers swept by the next start and by ``miles sandbox sweep``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from miles_engine.cli.main import main
+from miles_engine.errors import SandboxError
+from miles_engine.sandbox.hostile import run_hostile_suite
+from miles_engine.sandbox.protocol import RUN_LABEL, BuildContext, Resources, SandboxSpec, ServiceSpec
+from miles_sandbox_docker.backend import DockerSandboxBackend
+from miles_sandbox_docker.options import DockerSandboxOptions
+
+TASKS = Path(__file__).with_name("tasks")
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engine(real_docker: str | None) -> None:
+    if real_docker is not None:
+        pytest.skip(f"{real_docker} (start one with scripts/container_engine.sh start)")
+    mapped = DockerSandboxOptions().image_map.get("ubuntu:24.04")
+    probe = subprocess.run(["docker", "image", "inspect", mapped or "ubuntu:24.04"], capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip("no local image for ubuntu:24.04 and no image map for it (MILES_DOCKER_IMAGE_MAP; "
+                    "scripts/container_engine.sh start builds one)")
+
+
+def run(coro, timeout: float = 240.0):
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+def backend(**opts) -> DockerSandboxBackend:
+    return DockerSandboxBackend(DockerSandboxOptions(run_id=opts.pop("run_id", "real-" + secrets.token_hex(3)), **opts))
+
+
+def containers_of(run_id: str) -> list[str]:
+    res = subprocess.run(["docker", "ps", "--all", "--quiet", "--filter", f"label={RUN_LABEL}={run_id}"],
+                         capture_output=True, text=True, timeout=60, check=True)
+    return res.stdout.split()
+
+
+def exit_code(*argv: str) -> int:
+    try:
+        main(list(argv))
+    except SystemExit as exc:
+        return int(exc.code or 0)
+    return 0
+
+
+# ------------------------------------------------------------------ isolation and limits
+@pytest.mark.slow
+def test_hostile_suite_contained():
+    be = backend()
+
+    async def go():
+        try:
+            return await run_hostile_suite(be, concurrency=1)
+        finally:
+            await be.aclose()
+
+    results = run(go())
+    assert [r.case for r in results if not r.contained] == [], [(r.case, r.duration_s, r.detail) for r in results]
+    assert all(r.leftover_processes == 0 for r in results)  # observable here: the engine is local
+    assert containers_of(be.run_id) == []
+
+
+def test_fork_bomb_at_the_pids_limit_is_stopped_and_the_sandbox_lives():
+    be = backend(pids_limit=256)
+
+    async def go():
+        async with await be.create(SandboxSpec()) as sb:
+            bomb = await sb.exec("b() { b | b & }; b; sleep 600", timeout_s=3)
+            after = await sb.exec("echo alive; ls /proc | grep -c '^[0-9]'", timeout_s=60)
+            return bomb, after, sb
+
+    bomb, after, sb = run(go())
+    assert bomb.timed_out and bomb.exit_code is None
+    assert after.ok and after.stdout.split()[0] == "alive" and int(after.stdout.split()[1]) < 10, after
+    assert sb.leftover_processes() == [] and containers_of(be.run_id) == []
+
+
+def test_memory_limit_holds():
+    be = backend()
+
+    async def go():
+        async with await be.create(SandboxSpec(resources=Resources(memory_mb=64))) as sb:
+            return await sb.exec("python3 -c 'b = bytearray(256 << 20); print(len(b))'", timeout_s=60)
+
+    res = run(go())
+    assert res.exit_code not in (0, None) and "268435456" not in res.stdout, res
+
+
+def test_network_none_has_no_route_out():
+    be = backend()
+
+    async def go():
+        async with await be.create(SandboxSpec()) as sb:
+            return await sb.exec("cat /proc/net/route | wc -l; ls /sys/class/net", timeout_s=30)
+
+    res = run(go())
+    lines = res.stdout.split()
+    assert res.ok and lines[0] == "1" and lines[1:] == ["lo"], res  # only the header: no routes, only loopback
+
+
+# ------------------------------------------------------------------ images
+def test_build_is_cached_by_content_and_from_lines_are_mapped(tmp_path: Path):
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(f"FROM ubuntu:24.04\nRUN echo {secrets.token_hex(4)} > /built\n")
+    be = backend()
+
+    async def go():
+        out = []
+        for _ in range(2):
+            async with await be.create(SandboxSpec(build=BuildContext(context_dir=ctx))) as sb:
+                out.append((await sb.exec("cat /built /etc/debian_version", timeout_s=30)).stdout.split())
+        return out
+
+    first, second = run(go())
+    assert first == second and len(first) == 2
+    stats = be.stats()
+    assert stats["sandbox/builds"] == 1 and stats["sandbox/build_cache_hits"] == 1
+    assert stats["sandbox/create_n"] == 2 and stats["sandbox/destroy_n"] == 2 and stats["sandbox/exec_n"] == 2
+    assert (ctx / "Dockerfile").read_text().startswith("FROM ubuntu:24.04")  # the task dir is not modified
+
+
+def test_build_needing_the_network_fails_at_its_step_when_none_is_allowed(tmp_path: Path):
+    ctx = tmp_path / "ctx"
+    ctx.mkdir()
+    (ctx / "Dockerfile").write_text(
+        f"FROM ubuntu:24.04\nRUN echo {secrets.token_hex(4)}\nRUN apt-get update && apt-get install -y cowsay\n"
+    )
+    be = backend(build_network="none", build_timeout_s=180)
+    with pytest.raises(SandboxError) as exc:
+        run(be.create(SandboxSpec(build=BuildContext(context_dir=ctx))))
+    msg = str(exc.value)
+    assert re.search(r"at step 3/\d+: RUN apt-get update && apt-get install -y cowsay", msg), msg
+    assert "build_network='none'" in msg and "did not answer" not in msg
+    left = subprocess.run(["docker", "ps", "--all", "--quiet", "--filter", "status=exited"], capture_output=True,
+                          text=True, timeout=60, check=True).stdout.split()
+    assert left == []  # no intermediate container of the failed step
+
+
+# ------------------------------------------------------------------ tasks from their directories
+@pytest.mark.parametrize("env_name", ["harbor", "terminal-bench"])
+def test_tasks_validate_from_their_own_directories(env_name: str, capsys):
+    path = TASKS / env_name
+    code = exit_code("env", "validate", env_name, "--path", str(path), "--backend", "docker", "--json", "--jobs", "2")
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0, report
+    expected = sorted(p.name for p in path.iterdir() if p.is_dir())
+    assert sorted(t["task"] for t in report["tasks"]) == expected
+    assert all(t["oracle_reward"] == 1.0 and t["nop_reward"] == 0.0 for t in report["tasks"]), report
+
+
+# ------------------------------------------------------------------ lifecycle
+CHILD = textwrap.dedent("""
+    import asyncio, sys
+    from miles_engine.sandbox.protocol import SandboxSpec
+    from miles_sandbox_docker.backend import DockerSandboxBackend
+    from miles_sandbox_docker.options import DockerSandboxOptions
+
+    async def main():
+        be = DockerSandboxBackend(DockerSandboxOptions(run_id=sys.argv[1]))
+        sbs = [await be.create(SandboxSpec()) for _ in range(2)]
+        print(" ".join(sb.id for sb in sbs), flush=True)
+        await asyncio.sleep(600)
+
+    asyncio.run(main())
+""")
+
+
+def start_and_sigkill(run_id: str) -> list[str]:
+    """A miles process creates two sandboxes and is SIGKILLed: its containers stay behind."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD, run_id], stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ))
+    try:
+        line = child.stdout.readline()
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    assert len(line.split()) == 2, f"child printed {line!r}"
+    left = containers_of(run_id)
+    assert len(left) == 2
+    return left
+
+
+def test_sigkilled_run_is_swept_by_the_next_start():
+    dead_run = "killed-" + secrets.token_hex(3)
+    start_and_sigkill(dead_run)
+    be = backend()
+
+    async def go():
+        async with await be.create(SandboxSpec()):
+            return containers_of(dead_run)
+
+    assert run(go()) == []
+
+
+def test_sandbox_sweep_command_removes_a_runs_containers(capsys):
+    dead_run = "swept-" + secrets.token_hex(3)
+    start_and_sigkill(dead_run)
+    code = exit_code("sandbox", "sweep", "--backend", "docker", "--option", "sweep_orphans=false",
+                     "--run", dead_run, "--json")
+    assert code == 0 and len(json.loads(capsys.readouterr().out)) == 2
+    assert containers_of(dead_run) == []
+
+
+def test_concurrency_limit_holds_on_the_engine():
+    be = backend(max_sandboxes=2, max_creates_per_s=20)
+
+    async def go():
+        live, peak = 0, 0
+
+        async def one():
+            nonlocal live, peak
+            async with await be.create(SandboxSpec()) as sb:
+                live += 1
+                peak = max(peak, live)
+                await sb.exec("true", timeout_s=30)
+                live -= 1
+
+        await asyncio.gather(*(one() for _ in range(5)))
+        return peak
+
+    assert run(go()) == 2
+    assert be.stats()["sandbox/create_n"] == 5 and containers_of(be.run_id) == []
+
+
+def test_sidecar_on_an_internal_network_healthy_first_and_removed_after():
+    be = backend()
+    server = ServiceSpec(
+        name="server", image="ubuntu:24.04", command=("python3", "-m", "http.server", "8000", "--directory", "/etc"),
+        healthcheck=("python3", "-c", "import urllib.request; urllib.request.urlopen('http://localhost:8000/hostname')"),
+    )
+
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.connect(("10.255.255.255", 9))  # no packet is sent: this only picks the outgoing interface
+    host_ip = probe.getsockname()[0]
+    probe.close()
+    listener = socket.socket()
+    listener.bind((host_ip, 0))
+    listener.listen(8)
+    listener.setblocking(False)
+    port = listener.getsockname()[1]
+
+    async def go():
+        async with await be.create(SandboxSpec(services=(server,))) as sb:
+            got = await sb.exec("python3 -c \"import urllib.request; print(urllib.request.urlopen("
+                                "'http://server:8000/hostname', timeout=10).read().decode().strip())\"", timeout_s=30)
+            out = await sb.exec(f"timeout 5 bash -c 'exec 3<>/dev/tcp/{host_ip}/{port}' && echo OPEN", timeout_s=30)
+            return got, out, sb.network
+
+    got, out, network = run(go())
+    try:
+        listener.accept()
+        accepted = True
+    except BlockingIOError:
+        accepted = False
+    finally:
+        listener.close()
+    assert got.ok and got.stdout.strip() == "server", got  # first request answered: it was healthy before
+    assert "OPEN" not in out.stdout and not accepted  # --internal: nothing outside the network is reached
+    assert containers_of(be.run_id) == []
+    nets = subprocess.run(["docker", "network", "ls", "--quiet", "--filter", f"name={network}"],
+                          capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert nets == []
+
+
+def test_sidecar_that_never_gets_healthy_fails_naming_it():
+    be = backend()
+    bad = ServiceSpec(name="db", image="ubuntu:24.04", command=("sleep", "600"), healthcheck=("false",),
+                      ready_timeout_s=3)
+    with pytest.raises(SandboxError, match=r"service 'db' not healthy within 3s \(healthcheck 'false'"):
+        run(be.create(SandboxSpec(services=(bad,))))
+    assert containers_of(be.run_id) == []

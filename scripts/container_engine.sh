@@ -1,0 +1,127 @@
+#!/usr/bin/env bash
+# A private Docker engine for the docker sandbox backend's real-engine tests and local runs.
+#
+#   scripts/container_engine.sh start    install (root on Debian/Ubuntu, if missing), start dockerd
+#                                        on a private socket + data root, build the base image once;
+#                                        prints the environment to use it (eval "$(... start)")
+#   scripts/container_engine.sh env      print that environment (engine already started)
+#   scripts/container_engine.sh stop     stop the daemon this script started (containers go with it)
+#   scripts/container_engine.sh status   say whether it runs
+#
+# Idempotent: start on a running engine only prints the environment; the base image is built
+# once (debootstrap --variant=minbase bookworm, ~1 min) and kept in the data root.
+# State lives under $MILES_ENGINE_CACHE (default ~/.cache/miles-engine/docker). Nothing here
+# touches a system Docker: the socket, data root, exec root and bridge are all private.
+# Progress goes to stderr; stdout carries only the `export` lines.
+set -euo pipefail
+
+CACHE=${MILES_ENGINE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/miles-engine/docker}
+SOCK="$CACHE/docker.sock"
+EXEC_ROOT=${MILES_ENGINE_EXEC_ROOT:-/run/miles-docker}   # short: containerd's socket path is bounded
+PIDFILE="$CACHE/dockerd.pid"
+LOG="$CACHE/dockerd.log"
+BASE_IMAGE=${MILES_BASE_IMAGE:-miles-base:bookworm}
+MIRROR=${MILES_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The image map the backend applies (to spec images and Dockerfile FROM lines): the base image
+# stands in for these references, so no registry is needed.
+MAPPED_REFS=${MILES_MAPPED_REFS:-"ubuntu:24.04 ubuntu:22.04 debian:bookworm debian:bookworm-slim python:3.12-slim python:3.13-slim"}
+# What the base image carries beyond minbase: enough for terminal-bench's pytest-based tests.
+BASE_PACKAGES=${MILES_BASE_PACKAGES:-python3-pytest,procps}
+
+say() { echo "container_engine: $*" >&2; }
+docker_() { DOCKER_HOST="unix://$SOCK" docker "$@"; }
+
+running() {
+  [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null && [ -S "$SOCK" ] \
+    && docker_ version --format '{{.Server.Version}}' >/dev/null 2>&1
+}
+
+install_packages() {
+  local need=()
+  command -v dockerd >/dev/null 2>&1 || need+=(docker.io)
+  command -v docker >/dev/null 2>&1 || need+=(docker.io)
+  command -v debootstrap >/dev/null 2>&1 || need+=(debootstrap)
+  [ ${#need[@]} -eq 0 ] && return 0
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    say "missing ${need[*]} and cannot install (needs root and apt-get)"; return 1
+  fi
+  say "installing ${need[*]} (apt)"
+  local apt=(env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends)
+  "${apt[@]}" "${need[@]}" >/dev/null 2>&1 \
+    || { apt-get update -qq >/dev/null 2>&1 && "${apt[@]}" "${need[@]}" >/dev/null 2>&1; } \
+    || { say "apt-get install ${need[*]} failed"; return 1; }
+}
+
+start_daemon() {
+  running && return 0
+  mkdir -p "$CACHE/data" "$EXEC_ROOT"
+  rm -f "$SOCK"
+  say "starting dockerd (socket $SOCK, data root $CACHE/data)"
+  # A private bridge name and subnet so a system Docker's docker0 is never touched.
+  nohup dockerd --host "unix://$SOCK" --data-root "$CACHE/data" --exec-root "$EXEC_ROOT" \
+    --pidfile "$PIDFILE" --bridge none --log-level warn >"$LOG" 2>&1 </dev/null &
+  local i
+  for i in $(seq 1 60); do
+    running && return 0
+    sleep 0.5
+  done
+  say "dockerd did not answer within 30 s; last log lines:"; tail -n 15 "$LOG" >&2; return 1
+}
+
+ensure_network() {
+  # Network mode 'public' uses this network (bridged, with NAT) instead of the default bridge.
+  docker_ network inspect miles-public >/dev/null 2>&1 && return 0
+  docker_ network create --driver bridge --subnet 172.31.250.0/24 \
+    -o com.docker.network.bridge.name=miles-br0 miles-public >/dev/null
+}
+
+ensure_base_image() {
+  if ! docker_ image inspect "$BASE_IMAGE" >/dev/null 2>&1; then
+    local rootfs="$CACHE/rootfs"
+    say "building base image $BASE_IMAGE from Debian packages (debootstrap minbase bookworm, +$BASE_PACKAGES)"
+    rm -rf "$rootfs"
+    debootstrap --variant=minbase --include="$BASE_PACKAGES" bookworm "$rootfs" "$MIRROR" >"$CACHE/debootstrap.log" 2>&1 \
+      || { say "debootstrap failed; see $CACHE/debootstrap.log"; tail -n 5 "$CACHE/debootstrap.log" >&2; return 1; }
+    rm -rf "$rootfs/var/cache/apt/archives/"*.deb "$rootfs/var/lib/apt/lists/"*
+    tar -C "$rootfs" -c . | docker_ import --change 'CMD ["/bin/bash"]' - "$BASE_IMAGE" >/dev/null
+    rm -rf "$rootfs"
+  fi
+}
+
+print_env() {
+  echo "export DOCKER_HOST=unix://$SOCK"
+  echo "export MILES_DOCKER_PUBLIC_NETWORK=miles-public"
+  echo "export MILES_DOCKER_BUILD_NETWORK=host"   # the engine has no default bridge (--bridge none)
+  local ref map=""
+  for ref in $MAPPED_REFS; do map="$map${map:+,}$ref=$BASE_IMAGE"; done
+  echo "export MILES_DOCKER_IMAGE_MAP=$map"
+}
+
+case "${1:-}" in
+  start)
+    install_packages
+    start_daemon
+    ensure_network
+    ensure_base_image
+    print_env
+    ;;
+  env)
+    running || { say "not running (run: $0 start)"; exit 1; }
+    print_env
+    ;;
+  stop)
+    if [ -f "$PIDFILE" ] && kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+      pid=$(cat "$PIDFILE")
+      say "stopping dockerd (pid $pid)"
+      kill -TERM "$pid"
+      for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+    fi
+    rm -f "$PIDFILE" "$SOCK"
+    ;;
+  status)
+    if running; then echo "running: unix://$SOCK"; else echo "stopped"; exit 1; fi
+    ;;
+  *)
+    echo "usage: $0 start|env|stop|status" >&2; exit 2 ;;
+esac
