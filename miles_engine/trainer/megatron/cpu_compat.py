@@ -16,6 +16,10 @@ megatron-core 0.16.1 assumes CUDA in a few places that a CPU run (gloo ranks) re
 4. ``transformer.utils.get_default_causal_mask`` builds the causal mask with ``device="cuda"``
    (the local attention's softmax asks for it): here it is built on the CPU (and cached per length).
 
+5. ``LanguageModule.setup_embeddings_and_output_layer`` (tied embeddings over pipeline stages)
+   moves the shared weight with ``weight.data.cuda()`` before its all-reduce: during that call
+   only, ``Tensor.cuda`` leaves CPU tensors where they are.
+
 Nothing changes when a GPU is present: :func:`enable` returns ``False`` without touching anything.
 """
 
@@ -24,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 
@@ -87,6 +92,18 @@ def _causal_mask(sq: int) -> torch.Tensor:
     return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
 
 
+def _cpu_setup_embeddings(original: Any) -> Any:
+    @functools.wraps(original)
+    def setup(self: Any, *args: Any, **kwargs: Any) -> Any:
+        cuda = torch.Tensor.cuda
+        torch.Tensor.cuda = lambda t, *a, **k: t  # type: ignore[method-assign]
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            torch.Tensor.cuda = cuda  # type: ignore[method-assign]
+    return setup
+
+
 def fix_missing_te() -> None:
     from megatron.core.transformer.moe import moe_utils
 
@@ -113,6 +130,10 @@ def enable() -> bool:
     tp_random.initialize_rng_tracker(force_reset=True)
     utils.get_default_causal_mask = _causal_mask
     fused_softmax.get_default_causal_mask = _causal_mask
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+
+    LanguageModule.setup_embeddings_and_output_layer = _cpu_setup_embeddings(
+        LanguageModule.setup_embeddings_and_output_layer)
     assert isinstance(tensor_parallel.get_cuda_rng_tracker(), CPURNGStatesTracker)
     _enabled = True
     return True

@@ -97,7 +97,7 @@ def transformer_config(config: Any, *, tp: int = 1, pp: int = 1, ep: int = 1, bf
         activation_func=torch.nn.functional.silu, add_bias_linear=False, add_qkv_bias=False,
         qk_layernorm=shape.qk_norm, hidden_dropout=0.0, attention_dropout=0.0,
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, expert_model_parallel_size=ep,
-        params_dtype=torch.float32, bf16=bf16, use_cpu_initialization=True, perform_initialization=False,
+        params_dtype=torch.float32, pipeline_dtype=torch.float32, bf16=bf16, use_cpu_initialization=True, perform_initialization=False,
         apply_rope_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
         persist_layer_norm=False, gradient_accumulation_fusion=False, bias_dropout_fusion=False,
         attention_softmax_in_fp32=True, sequence_parallel=False, **kwargs)

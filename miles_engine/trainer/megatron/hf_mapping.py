@@ -113,6 +113,8 @@ def to_megatron(hf: Mapping[str, Tensor], s: ModelShape, r: RankLayout = RankLay
         out["decoder.final_layernorm.weight"] = hf["model.norm.weight"].clone()
         if not s.tied:
             out["output_layer.weight"] = _chunk(_pad_rows(hf["lm_head.weight"], vp), r.tp, r.tp_rank)
+        elif not r.pre:  # tied across pipeline stages: the last stage keeps a copy (grads summed with the first)
+            out["output_layer.weight"] = _chunk(_pad_rows(hf["model.embed_tokens.weight"], vp), r.tp, r.tp_rank)
     for local, i in enumerate(r.layers(s.layers)):
         a, m = f"model.layers.{i}.", f"decoder.layers.{local}."
         qkv = _fuse_qkv(hf[a + "self_attn.q_proj.weight"], hf[a + "self_attn.k_proj.weight"],

@@ -113,6 +113,9 @@ class MegatronTrainer(TorchTrainer):
         if cfg.algorithm.advantage_estimator == "ppo" and cfg.value.kind == "separate":
             raise ConfigError("trainer.backend=megatron supports the PPO value head (trainer.value.kind=head), "
                               "not a separate critic")
+        if cfg.megatron.pipeline_parallel > 1 and (cfg.kl.reference or cfg.algorithm.advantage_estimator == "ppo"):
+            raise ConfigError("trainer.megatron.pipeline_parallel > 1 does not run a reference model (kl.reference) "
+                              "or the PPO value head yet; use pipeline_parallel=1 (TP / EP still apply)")
         self.layout = rank_layout()
         self.comm = MegatronComm(self.device)
         hf = build_causal_lm(model, torch.device("cpu"), cfg.seed)
@@ -215,6 +218,23 @@ class MegatronTrainer(TorchTrainer):
         state = self.hf_state()
         return iter([(k, v.to(target) if target is not None else v) for k, v in state.items()])
 
+    # ------------------------------------------------------------------ micro-batches and metrics
+    def run_micro_batches(self, batch: Any, plan: list[list[int]], fn: Any, dummy: Any, *, grad: bool = True,
+                          keys: Any = ()) -> dict[str, Tensor]:
+        from miles_engine.trainer.megatron import pipeline
+
+        return pipeline.run_micro_batches(self, batch, plan, fn, grad=grad, keys=keys)
+
+    def train_minibatches(self, minibatches: Any) -> dict[str, float]:
+        from miles_engine.trainer.megatron.pipeline import last_stage_metrics
+
+        return last_stage_metrics(super().train_minibatches(minibatches))
+
+    def sft_step(self, batch: Any) -> dict[str, float]:
+        from miles_engine.trainer.megatron.pipeline import last_stage_metrics
+
+        return last_stage_metrics(super().sft_step(batch))
+
     # ------------------------------------------------------------------ gradients and the step
     def _reduce_grads(self, params: list[nn.Parameter]) -> None:
         from megatron.core import parallel_state as ps
@@ -258,6 +278,8 @@ class MegatronTrainer(TorchTrainer):
             if p.grad is None:
                 continue
             expert = _is_expert(names.get(p, ""))
+            if self.shape.tied and names.get(p) == "policy.gpt.output_layer.weight":
+                continue  # the PP copy of the tied embedding: counted on the first stage
             if _tp_sharded(names.get(p, "")) or expert or tp_lead:
                 sq[int(expert)] += p.grad.detach().double().pow(2).sum()
         dense, expert = sq[:1].clone(), sq[1:].clone()
@@ -269,6 +291,9 @@ class MegatronTrainer(TorchTrainer):
 
     def optimizer_step(self, opt: torch.optim.Optimizer, sched: Any, params: list[nn.Parameter]) -> dict[str, float]:
         """As the torch backend's (``clip_grad_norm_`` semantics), over the sharded parameters."""
+        from miles_engine.trainer.megatron.pipeline import reduce_tied_embedding_grads
+
+        reduce_tied_embedding_grads(self)
         self._reduce_grads(params)
         norm = self._grad_norm(params)
         if self.capture_grads:  # parity checks: the step's full gradient under HF names, before clipping
