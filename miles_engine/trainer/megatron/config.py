@@ -17,8 +17,8 @@ class MegatronConfig(BaseModel):
                                  "ranks (must divide the attention and key/value heads)")
     pipeline_parallel: int = Field(1, ge=1, description="PP: decoder layers split into this many stages "
                                    "(must divide the layers); micro-batches flow stage to stage")
-    expert_parallel: int = Field(1, ge=1, description="EP (MoE models): experts split over this many ranks "
-                                 "(must divide the experts and the ranks of a pipeline stage / TP)")
+    expert_parallel: int = Field(1, ge=1, description="EP (MoE models): experts split over this many ranks; "
+                                 "only 1 for now (experts are split over tensor_parallel)")
 
     def data_parallel(self, world_size: int) -> int:
         return world_size // (self.tensor_parallel * self.pipeline_parallel)
@@ -33,6 +33,11 @@ class MegatronConfig(BaseModel):
         elif (world_size // pp) % (tp * ep):
             problems.append(f"{prefix}.expert_parallel={ep} x tensor_parallel={tp} must divide the {world_size // pp} "
                             f"ranks of a pipeline stage")
+        if ep > 1:
+            problems.append(f"{prefix}.expert_parallel={ep}: expert parallelism is not supported yet (the weight "
+                            f"mapping shards experts, but the MoE token dispatch needs equal micro-batches on every "
+                            f"expert-parallel rank, and its all-to-all needs CUDA); use expert_parallel=1 (experts "
+                            f"are still split over tensor_parallel)")
         if shape is not None:
             if shape.heads % tp or shape.kv_heads % tp:
                 problems.append(f"{prefix}.tensor_parallel={tp} must divide the model's {shape.heads} attention heads "

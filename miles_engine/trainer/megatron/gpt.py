@@ -88,7 +88,7 @@ def transformer_config(config: Any, *, tp: int = 1, pp: int = 1, ep: int = 1, bf
         kwargs.update(num_moe_experts=shape.experts, moe_ffn_hidden_size=int(c.moe_intermediate_size),
                       moe_router_topk=shape.top_k, moe_router_pre_softmax=not bool(c.norm_topk_prob),
                       moe_router_load_balancing_type="none", moe_aux_loss_coeff=0.0, moe_grouped_gemm=False,
-                      moe_token_dispatcher_type="alltoall" if ep > 1 else "allgather",
+                      moe_token_dispatcher_type="allgather",
                       moe_router_dtype="fp32")
     return TransformerConfig(
         num_layers=shape.layers, hidden_size=shape.hidden, num_attention_heads=shape.heads,
