@@ -204,7 +204,11 @@ class TrainingStack:
         from miles_engine.trainer.torch_trainer import TorchTrainer
 
         p = self.cfg.placement
-        if p.trainer == "subprocess":
+        if self.cfg.trainer.backend == "megatron":  # always rank subprocesses (placement.trainer_ranks of them)
+            from miles_engine.trainer.factory import create_trainer
+
+            trainer = create_trainer(self.model, self.cfg.trainer, world_size=p.trainer_ranks)
+        elif p.trainer == "subprocess":
             trainer = FSDPTrainer(self.model, self.cfg.trainer, world_size=p.trainer_ranks)
         else:
             trainer = TorchTrainer(self.model, self.cfg.trainer)

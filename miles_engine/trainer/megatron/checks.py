@@ -49,4 +49,6 @@ def replayed_forward(tr: Any, ids: list[list[int]], routes: torch.Tensor) -> dic
 
 def step_shapes(tr: Any) -> dict[str, Any]:
     """Where this rank sits (rank 0's answer): for tests and the GPU check."""
-    return {"layout": tr.layout, "dp": tr.comm.world_size, "params": sum(p.numel() for p in tr.policy.parameters())}
+    mem = torch.cuda.max_memory_allocated() / 2**30 if tr.device.type == "cuda" else 0.0
+    return {"layout": tr.layout, "dp": tr.comm.world_size, "params": sum(p.numel() for p in tr.policy.parameters()),
+            "max_memory_gib": mem}
