@@ -84,7 +84,7 @@ def _parity(model, world: int, cfg: dict | None = None, groups=None, push: bool 
             _push_checked(ours, model)
 
 
-def test_tp1_mapping_r3_grpo_sft_and_checkpoints_across_backends() -> None:
+def test_tp1_mapping_r3_grpo_sft_and_checkpoints_across_backends(tmp_path) -> None:
     moe = dict(MOE, tie_word_embeddings=False)
     cfg = {**BASE, "algorithm": {"routing_replay": True}}
     ref = GradTorchTrainer(dict(moe), cfg)
@@ -126,6 +126,13 @@ def test_tp1_mapping_r3_grpo_sft_and_checkpoints_across_backends() -> None:
             assert resumed[k]["step"] == v["step"]
             for m in ("exp_avg", "exp_avg_sq"):
                 assert torch.allclose(resumed[k][m], v[m], atol=1e-6), (k, m)
+        # conversion: the checkpoint's policy as an HF model directory
+        from miles_engine.engines.embedded.loading import load_model
+        from miles_engine.trainer.megatron.convert import policy_tensors, to_hf_dir
+
+        loaded, _ = load_model(str(to_hf_dir(policy_tensors(state), dict(moe), tmp_path / "hf")))
+        named = dict(mg.named_tensors())
+        assert all(torch.equal(v, named[k]) for k, v in loaded.state_dict().items())
         sft_again = ([5, 6, 7, 8, 9], [0, 1, 1, 1, 1])
         assert back.sft_step([sft_again])["loss"] == pytest.approx(mg.sft_step([sft_again])["loss"], abs=TOL)
 
