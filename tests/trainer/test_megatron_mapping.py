@@ -92,5 +92,8 @@ def test_the_factory_refuses_bad_sizes_before_starting_any_rank() -> None:
 
     with pytest.raises(ConfigError, match="tensor_parallel=3 must divide"):
         create_trainer("tiny:qwen3", {"backend": "megatron", "megatron": {"tensor_parallel": 3}}, world_size=3)
+    with pytest.raises(ConfigError, match=r"pipeline_parallel > 1 does not run a reference model"):
+        create_trainer("tiny:qwen3", {"backend": "megatron", "megatron": {"pipeline_parallel": 2},
+                                      "kl": {"reference": True}}, world_size=2)
     with pytest.raises(ConfigError, match="does not support model_type 'gpt2'"):
         shape_of(type("C", (), {"model_type": "gpt2"})())

@@ -72,6 +72,9 @@ class MegatronTrainerProxy(FSDPTrainer):
         world = world_size or cfg.parallel.world_size
         m = cfg.megatron
         self.dp = m.check(world, model_shape(model))
+        from miles_engine.trainer.megatron.trainer import check_supported
+
+        check_supported(cfg)
         self.tp, self.pp = m.tensor_parallel, m.pipeline_parallel
         super().__init__(model, cfg, world_size=world)
 

@@ -46,6 +46,16 @@ def init_parallel(cfg: TrainerConfig) -> None:
     model_parallel_cuda_manual_seed(cfg.seed)
 
 
+def check_supported(cfg: TrainerConfig) -> None:
+    """What the backend does not run yet, refused before any rank starts (one error)."""
+    if cfg.algorithm.advantage_estimator == "ppo" and cfg.value.kind == "separate":
+        raise ConfigError("trainer.backend=megatron supports the PPO value head (trainer.value.kind=head), "
+                          "not a separate critic")
+    if cfg.megatron.pipeline_parallel > 1 and (cfg.kl.reference or cfg.algorithm.advantage_estimator == "ppo"):
+        raise ConfigError("trainer.megatron.pipeline_parallel > 1 does not run a reference model (kl.reference) "
+                          "or the PPO value head yet; use pipeline_parallel=1 (tensor_parallel still applies)")
+
+
 def rank_layout() -> hm.RankLayout:
     from megatron.core import parallel_state as ps
 
@@ -110,12 +120,7 @@ class MegatronTrainer(TorchTrainer):
         self._threads = None
         self._use_threads(cfg.num_threads)
         self.device = torch.device(device if device is not None else cfg.parallel.device)
-        if cfg.algorithm.advantage_estimator == "ppo" and cfg.value.kind == "separate":
-            raise ConfigError("trainer.backend=megatron supports the PPO value head (trainer.value.kind=head), "
-                              "not a separate critic")
-        if cfg.megatron.pipeline_parallel > 1 and (cfg.kl.reference or cfg.algorithm.advantage_estimator == "ppo"):
-            raise ConfigError("trainer.megatron.pipeline_parallel > 1 does not run a reference model (kl.reference) "
-                              "or the PPO value head yet; use pipeline_parallel=1 (TP / EP still apply)")
+        check_supported(cfg)
         self.layout = rank_layout()
         self.comm = MegatronComm(self.device)
         hf = build_causal_lm(model, torch.device("cpu"), cfg.seed)
