@@ -144,3 +144,8 @@ def test_tp2_equals_the_torch_backend_grpo_sft_and_pushes_checked_weights() -> N
 @pytest.mark.slow
 def test_pp2_with_micro_batches_equals_the_torch_backend() -> None:
     _parity(dict(TINY), 2, pipeline_parallel=2)  # tied embeddings across the two stages
+
+
+@pytest.mark.slow
+def test_dp2_equals_the_torch_backend() -> None:
+    _parity(dict(TINY, tie_word_embeddings=False), 2)  # TP=1 x 2 data-parallel ranks: rows split, grads averaged

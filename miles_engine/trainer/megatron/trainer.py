@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from miles_engine.errors import ConfigError
 from miles_engine.trainer.config import TrainerConfig
 from miles_engine.trainer.megatron import hf_mapping as hm
-from miles_engine.trainer.megatron.gpt import HFCausalLM, build_gpt, shape_of, text_config
+from miles_engine.trainer.megatron.gpt import HFCausalLM, build_gpt, shape_of
 from miles_engine.trainer.models import ValueHead, build_causal_lm
 from miles_engine.trainer.optim import build_optimizer
 from miles_engine.trainer.parallel import Local
