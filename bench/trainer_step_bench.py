@@ -17,6 +17,11 @@ policy's own. Variants (one trainer each, same weights, steps interleaved):
 
 The first step of each variant starts from identical weights; after the table come the differences
 of that step's loss, TIS ratio and gradients (float noise only) and of the parameters after it.
+
+``--megatron``: a second table, the same 64-row batch on the Megatron backend (``trainer.backend:
+megatron``, rank subprocesses over gloo, fused old log-probs, no shared-prefix forward) at TP=1
+(one rank) and TP=2 (two ranks), against the torch backend in this process (``fused``); step
+times are wall times seen by the driver (including the pipe to the ranks).
 """
 
 from __future__ import annotations
@@ -126,6 +131,37 @@ def fmt_row(name: str, times: dict[str, list[float]], base: float) -> str:
             f"{upd * 1e3:7.1f} | {base / step:5.2f}x |")
 
 
+def megatron_table(source: Any, groups: list[Group], reps: int) -> None:
+    from miles_engine.trainer.factory import create_trainer
+
+    cfg = {**TRAINER, "algorithm": {"fuse_old_logprobs": True}, "shared_prefix": False}
+    backends: dict[str, Any] = {"torch (fused)": TorchTrainer(source, cfg)}
+    for tp in (1, 2):
+        t0 = time.perf_counter()
+        backends[f"megatron TP={tp}"] = create_trainer(source, {**cfg, "backend": "megatron",
+                                                                "megatron": {"tensor_parallel": tp}}, world_size=tp)
+        print(f"megatron TP={tp}: ranks started in {time.perf_counter() - t0:.1f} s")
+    try:
+        losses = {name: tr.train_step(groups)["loss"] for name, tr in backends.items()}  # warm-up, same weights
+        times: dict[str, list[float]] = {n: [] for n in backends}
+        for _ in range(reps):
+            for name, tr in backends.items():
+                t0 = time.perf_counter()
+                tr.train_step(groups)
+                times[name].append(time.perf_counter() - t0)
+        base = statistics.median(times["torch (fused)"])
+        print(f"\ntrain_step by backend, {reps} reps each, interleaved (ms, wall at the driver)\n")
+        print("| backend        | step ms | range         | vs torch | first-step loss |")
+        print("|----------------|---------|---------------|----------|-----------------|")
+        for name, ts in times.items():
+            med = statistics.median(ts)
+            print(f"| {name:<14} | {med * 1e3:7.1f} | {min(ts) * 1e3:6.1f}-{max(ts) * 1e3:<6.1f} | "
+                  f"{base / med:7.2f}x | {losses[name]:15.6f} |")
+    finally:
+        for tr in backends.values():
+            tr.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=9, help="timed steps per variant (after 1 warm-up)")
@@ -133,6 +169,8 @@ def main() -> None:
     ap.add_argument("--ckpt", type=Path, default=CKPT, help="HF model dir + tokenizer.json (else a random model)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--true-on-policy", action="store_true", help="every variant with trainer.true_on_policy")
+    ap.add_argument("--megatron", action="store_true", help="also: torch vs the Megatron backend at TP=1 and TP=2")
+    ap.add_argument("--only-megatron", action="store_true", help="only the backend table")
     args = ap.parse_args()
     if args.true_on_policy:
         TRAINER["true_on_policy"] = True
@@ -157,6 +195,9 @@ def main() -> None:
           f"{len(rows)} rows of {min(lengths)}-{max(lengths)} tokens ({sum(lengths)} tokens, "
           f"{sum(sum(t.loss_mask) for t in rows)} sampled); torch threads {torch.get_num_threads()}")
 
+    if args.only_megatron:
+        megatron_table(source, groups, args.reps)
+        return
     first = {name: step_with_grads(tr, groups) for name, tr in trainers.items()}  # warm-up, identical weights
     drift = {name: max_param_diff(tr, probe) for name, tr in trainers.items()}
     times: dict[str, dict[str, list[float]]] = {n: {} for n in VARIANTS}
@@ -182,6 +223,8 @@ def main() -> None:
         print(f"  {name:<13} loss {abs(m['loss'] - m0['loss']):.1e}  "
               f"tis {abs(m['tis/ratio_mean'] - m0['tis/ratio_mean']):.1e}  grad {max_rel_diff(g0, g):.1e}  "
               f"params {drift[name]:.1e}")
+    if args.megatron:
+        megatron_table(source, groups, args.reps)
 
 
 if __name__ == "__main__":

@@ -23,13 +23,11 @@ class TrainerAccess:
 
     @classmethod
     def create(cls, policy: Any, cfg: RecipeConfig) -> TrainerAccess:
-        """``placement.trainer`` decides where it runs, ``trainer.parallel.world_size`` how many ranks."""
-        from miles_engine.trainer.distributed import FSDPTrainer
-        from miles_engine.trainer.torch_trainer import TorchTrainer
+        """``trainer.backend`` picks the backend, ``placement.trainer`` where it runs (the megatron
+        backend always runs in rank processes), ``trainer.parallel.world_size`` how many ranks."""
+        from miles_engine.trainer.factory import create_trainer
 
-        if cfg.placement.trainer == "subprocess":
-            return cls(FSDPTrainer(policy, cfg.trainer))
-        return cls(TorchTrainer(policy, cfg.trainer))
+        return cls(create_trainer(policy, cfg.trainer, subprocess=cfg.placement.trainer == "subprocess"))
 
     def _locked(self, fn: Any, *args: Any) -> Any:
         with self._lock:

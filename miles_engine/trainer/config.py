@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from miles_engine.errors import ConfigError
+from miles_engine.trainer.megatron.config import MegatronConfig
 
 Estimator = Literal["grpo", "gspo", "ppo", "reinforce_pp"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
@@ -167,6 +168,10 @@ class ParallelConfig(_Section):
 
 
 class TrainerConfig(_Section):
+    backend: Literal["torch", "megatron"] = Field(
+        "torch", description="torch: Hugging Face model, one process or FSDP2 ranks; megatron: megatron-core "
+        "GPTModel ranks with tensor / pipeline / expert parallelism (trainer.megatron; extra 'megatron')")
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     clip: ClipConfig = Field(default_factory=ClipConfig)

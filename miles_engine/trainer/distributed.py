@@ -52,9 +52,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, init_method: str, model: Any, config: dict, conn: Any) -> None:
+def _rank_main(rank: int, world: int, init_method: str, model: Any, config: dict, conn: Any,
+               make: Callable[[Any, TrainerConfig, Any], Any] | None = None) -> None:
     """One rank: build the trainer, then serve commands until ``close``. Ctrl-C is the driver's
-    business: ranks ignore SIGINT and stop when the proxy closes them (or its pipe closes)."""
+    business: ranks ignore SIGINT and stop when the proxy closes them (or its pipe closes).
+    ``make(model, cfg, device)``: another rank trainer than an FSDP2 ``TorchTrainer``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
     import torch.distributed as dist
@@ -77,7 +79,7 @@ def _rank_main(rank: int, world: int, init_method: str, model: Any, config: dict
             device, backend = torch.device("cpu"), "gloo"
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=cfg.parallel.step_timeout_s or 1800))
-        trainer = TorchTrainer(model, cfg, device=device, comm=FSDP2(device))
+        trainer = make(model, cfg, device) if make else TorchTrainer(model, cfg, device=device, comm=FSDP2(device))
         conn.send(("ok", {"vocab_size": trainer.vocab_size, "routing": trainer.routing}))
     except BaseException:  # noqa: BLE001 - reported to the proxy
         conn.send(("error", traceback.format_exc()))
@@ -135,6 +137,8 @@ def _stop(procs: list[Any]) -> None:
 class FSDPTrainer:
     """Driver-side proxy of ``world_size`` FSDP2 ranks; implements :class:`TrainerBackend`."""
 
+    rank_factory: Callable[[Any, TrainerConfig, Any], Any] | None = None  # see _rank_main
+
     def __init__(self, model: Any, config: TrainerConfig | dict[str, Any] | None = None, *,
                  world_size: int | None = None) -> None:
         import torch.multiprocessing as mp
@@ -148,7 +152,8 @@ class FSDPTrainer:
         self._conns, self._procs = [], []
         for rank in range(self.world_size):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_rank_main, args=(rank, self.world_size, init, model, cfg_dict, child),
+            proc = ctx.Process(target=_rank_main, args=(rank, self.world_size, init, model, cfg_dict, child,
+                                                        self.rank_factory),
                                daemon=True, name=f"miles-trainer-rank{rank}")
             proc.start()
             child.close()

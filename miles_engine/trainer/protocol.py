@@ -2,7 +2,8 @@
 
 Implementations: :class:`~miles_engine.trainer.torch_trainer.TorchTrainer` (one process),
 :class:`~miles_engine.trainer.distributed.FSDPTrainer` (N ranks behind one driver-side
-proxy). A Megatron-core backend implements the same methods.
+proxy), :class:`~miles_engine.trainer.megatron.proxy.MegatronTrainerProxy` (megatron-core
+TP / PP ranks); :func:`miles_engine.trainer.factory.create_trainer` picks one.
 """
 
 from __future__ import annotations

@@ -1,0 +1,53 @@
+"""``trainer.megatron``: the parallel sizes of the Megatron backend (importable without torch),
+checked against the world size and the model's shape with one error naming every problem."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from miles_engine.errors import ConfigError
+
+
+class MegatronConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tensor_parallel: int = Field(1, ge=1, description="TP: attention heads, MLP and vocab split over this many "
+                                 "ranks (must divide the attention and key/value heads)")
+    pipeline_parallel: int = Field(1, ge=1, description="PP: decoder layers split into this many stages "
+                                   "(must divide the layers); micro-batches flow stage to stage")
+    expert_parallel: int = Field(1, ge=1, description="EP (MoE models): experts split over this many ranks; "
+                                 "only 1 for now (experts are split over tensor_parallel)")
+
+    def data_parallel(self, world_size: int) -> int:
+        return world_size // (self.tensor_parallel * self.pipeline_parallel)
+
+    def check(self, world_size: int, shape: Any | None = None, *, prefix: str = "trainer.megatron") -> int:
+        """The data-parallel size; a :class:`ConfigError` naming every size that does not fit."""
+        tp, pp, ep = self.tensor_parallel, self.pipeline_parallel, self.expert_parallel
+        problems = []
+        if world_size % (tp * pp):
+            problems.append(f"world size {world_size} (trainer ranks) is not a multiple of {prefix}.tensor_parallel "
+                            f"x {prefix}.pipeline_parallel = {tp} x {pp}")
+        elif (world_size // pp) % (tp * ep):
+            problems.append(f"{prefix}.expert_parallel={ep} x tensor_parallel={tp} must divide the {world_size // pp} "
+                            f"ranks of a pipeline stage")
+        if ep > 1:
+            problems.append(f"{prefix}.expert_parallel={ep}: expert parallelism is not supported yet (the weight "
+                            f"mapping shards experts, but the MoE token dispatch needs equal micro-batches on every "
+                            f"expert-parallel rank, and its all-to-all needs CUDA); use expert_parallel=1 (experts "
+                            f"are still split over tensor_parallel)")
+        if shape is not None:
+            if shape.heads % tp or shape.kv_heads % tp:
+                problems.append(f"{prefix}.tensor_parallel={tp} must divide the model's {shape.heads} attention heads "
+                                f"and {shape.kv_heads} key/value heads")
+            if shape.layers % pp:
+                problems.append(f"{prefix}.pipeline_parallel={pp} must divide the model's {shape.layers} layers")
+            if ep > 1 and not shape.moe:
+                problems.append(f"{prefix}.expert_parallel={ep} needs a MoE model ({shape.model_type} has no experts)")
+            elif shape.moe and shape.experts % ep:
+                problems.append(f"{prefix}.expert_parallel={ep} must divide the model's {shape.experts} experts")
+        if problems:
+            raise ConfigError("trainer.backend=megatron: " + "; ".join(problems))
+        return world_size // (tp * pp)
