@@ -111,7 +111,10 @@ def load_model(source: Any, *, dtype: str = "float32", device: str = "cpu", seed
     """
     from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+    from miles_engine.pretrained.source import loadable
+
     tdtype = torch_dtype(dtype)
+    source = loadable(source)  # package:<module> -> the model inside it
     desc: str
     if isinstance(source, PreTrainedModel):
         model, desc = copy.deepcopy(source).to(tdtype), f"instance:{type(source).__name__}"
