@@ -41,6 +41,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "miles_engine.tito.plugin",
     "miles_engine.recipes_plugin",
     "miles_engine.teachers.plugin",
+    "miles_engine.environments.plugin",
 )
 
 HOOK_FOR_KIND: dict[ComponentKind, str] = {

@@ -22,6 +22,7 @@ from typing import Any
 from miles_engine.errors import ConfigError
 
 PACKAGE_PREFIX = "package:"
+REQUIRED = "required"  # a recipe's placeholder: the user must pass model.path=
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,9 @@ def _package_dir(name: str) -> Path:
 def resolve(spec: Any) -> ModelSource:
     """Classify a model spec (a string or path); never loads weights."""
     text = str(spec)
+    if text == REQUIRED:
+        raise ConfigError("this recipe needs a model: pass model.path=DIR (a Hugging Face directory with weights, "
+                          "a config-only directory for random init, a .gguf file or package:<module>)")
     if text.startswith("tiny:"):
         return ModelSource("tiny", text)
     path = _package_dir(text.removeprefix(PACKAGE_PREFIX)) if text.startswith(PACKAGE_PREFIX) else Path(text)
@@ -175,19 +179,36 @@ def gguf_backend(path: Path) -> Any:
     return backend
 
 
+_QWEN_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next")
+
+
+def tokenizer_origin(src: ModelSource) -> str:
+    """Where the source's tokenizer comes from (no loading): a GGUF, a directory, or - for a
+    config-only Qwen directory - the real Qwen vocabulary ``builtin:qwen3``."""
+    if src.kind == "gguf":
+        return f"{src.path} (embedded vocabulary)"
+    d = src.directory
+    if src.kind in ("hf", "config") and d is not None and (
+            (d / "tokenizer.json").is_file() or (d / "tokenizer_config.json").is_file()):
+        return str(d)
+    if src.kind == "config" and model_type(src) in _QWEN_TYPES:
+        return "builtin:qwen3"
+    raise ConfigError(f"model '{src.spec}' ships no tokenizer: set the tokenizer explicitly (tokenizer.path / "
+                      f"--tokenizer: a tokenizer.json, a model directory, builtin:qwen3 or builtin:bpe-<family>)")
+
+
 def source_tokenizer(src: ModelSource) -> Any:
     """The source's own tokenizer as a :class:`TitoTokenizer` carrying its chat template."""
     from miles_engine.tito.tokenizer import TitoTokenizer, load_tokenizer
 
+    origin = tokenizer_origin(src)
     if src.kind == "gguf":
         tok = TitoTokenizer(gguf_backend(src.path), name=str(src.path))  # type: ignore[arg-type]
-    elif src.kind in ("hf", "config") and src.directory is not None and (
-            (src.directory / "tokenizer.json").is_file() or (src.directory / "tokenizer_config.json").is_file()):
-        tok = load_tokenizer(src.directory)
+    elif origin == "builtin:qwen3":  # a config-only Qwen directory (random init) reads Qwen's vocabulary
+        tok = load_tokenizer(origin)
     else:
-        raise ConfigError(f"model '{src.spec}' ships no tokenizer: set the tokenizer explicitly "
-                          f"(a tokenizer.json, a model directory, builtin:qwen3 or builtin:bpe-<family>)")
-    tok.chat_template = chat_template(src)
+        tok = load_tokenizer(src.directory)
+    tok.chat_template = chat_template(src) or tok.chat_template
     return tok
 
 

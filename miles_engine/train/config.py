@@ -36,6 +36,7 @@ class EngineConfig(_Section):
     max_batch_size: int = Field(64, ge=1)
     threads: int = Field(1, ge=1, description="torch threads of the engine's decode thread")
     dtype: Literal["float32", "bfloat16"] = "float32"
+    device: Literal["cpu", "cuda"] = Field("cpu", description="where the embedded engine runs")
     prompt_cache_tokens: int = Field(
         1 << 15, ge=0, description="the engine's shared-prompt cache: a GRPO group's attempts prefill their "
         "prompt once (token budget; 0 off)")

@@ -179,6 +179,11 @@ class TrainingStack:
         from miles_engine.train.policy_tokenizer import policy_tokenizer
 
         cfg = self.cfg
+        from miles_engine.pretrained.policy import pretrained_codec
+
+        codec = pretrained_codec(self.hub, cfg)  # model.path: the model's own tokenizer and template
+        if codec is not None:
+            return codec
         texts: list[str] = []
         if not cfg.tokenizer.path:
             boot = bootstrap_codec(self.hub, cfg)
@@ -216,7 +221,7 @@ class TrainingStack:
 
         e = self.cfg.engine
         model = self.model if isinstance(self.model, str) else copy.deepcopy(self.model)
-        engine = await asyncio.to_thread(EmbeddedEngine.from_model, model, dtype=e.dtype,
+        engine = await asyncio.to_thread(EmbeddedEngine.from_model, model, dtype=e.dtype, device=e.device,
                                          max_batch_size=e.max_batch_size, num_threads=e.threads,
                                          seed=self.cfg.seed, prompt_cache_tokens=e.prompt_cache_tokens)
         self._closers.insert(0, engine.aclose)
