@@ -227,3 +227,34 @@ def resolve_directory(path: Path) -> ModelSource:
         return resolve(path)
     except ConfigError:
         return ModelSource("config", str(path), path)
+
+
+# ---------------------------------------------------------------- GGUF weights
+def load_gguf_model(path: Path, *, dtype: Any, attn_implementation: str) -> Any:
+    """A GGUF file's model, dequantised once: the float32 result is cached as a safetensors
+    directory under ``$MILES_CACHE_DIR/gguf/`` (keyed by the file's size and mtime), so the engine,
+    the trainer process and later runs read it instead of dequantising again (minutes on a busy
+    CPU). ``MILES_GGUF_CACHE=0`` turns the cache off."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    st = path.stat()
+    key = hashlib.sha256(f"v1|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    cached = _cache_dir().parent / "gguf" / f"{path.stem}-{key}"
+    use_cache = os.environ.get("MILES_GGUF_CACHE", "1").strip().lower() not in ("0", "false", "no")
+    if use_cache and (cached / "config.json").is_file() and any(cached.glob("*.safetensors")):
+        return AutoModelForCausalLM.from_pretrained(str(cached), dtype=dtype, local_files_only=True,
+                                                    attn_implementation=attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
+                                                 local_files_only=True, attn_implementation=attn_implementation)
+    if use_cache:
+        tmp = cached.with_name(f".{cached.name}.tmp-{os.getpid()}")
+        try:
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            model.save_pretrained(str(tmp), safe_serialization=True)
+            os.replace(tmp, cached)
+        except OSError:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+    return model.to(dtype)
