@@ -247,6 +247,10 @@ def load_gguf_model(path: Path, *, dtype: Any, attn_implementation: str) -> Any:
                                                     attn_implementation=attn_implementation)
     model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32,
                                                  local_files_only=True, attn_implementation=attn_implementation)
+    # the tensors are plain float32 now: drop the GGUF "quantizer" so the model saves like any other
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
     if use_cache:
         tmp = cached.with_name(f".{cached.name}.tmp-{os.getpid()}")
         try:
