@@ -40,6 +40,6 @@ def resolve_family_name(name: str, model: Any, tokenizer: Any = None) -> str:
     template when there is no model source to read)."""
     if name != AUTO:
         return name
-    if model is not None and not (isinstance(model, str) and model.startswith("tiny:")) and isinstance(model, str):
+    if isinstance(model, str) and not model.startswith("tiny:"):
         return family_from_source(model)
     return family_for(None, getattr(tokenizer, "chat_template", None))

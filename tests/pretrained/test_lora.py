@@ -4,7 +4,6 @@ engine then computes what the adapted trainer computes."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import sys

