@@ -69,7 +69,9 @@ case "$verb" in
     exec "$VENV/bin/miles" train tiny-terminal "$@"
     ;;
   test)
-    install "[engine,server,report,dev]"
+    # + lora (peft) and megatron (megatron-core 0.16.1): both take the torch installed first
+    install "[engine,server,report,dev,lora,megatron]"
+    scripts/install_harnesses.sh  # Claude Code and Codex CLI from npm (cached); their tests skip without them
     start_container_engine
     set +e
     "$VENV/bin/python" -m pytest "$@"

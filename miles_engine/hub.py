@@ -42,6 +42,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "miles_engine.recipes_plugin",
     "miles_engine.teachers.plugin",
     "miles_engine.engines.fleet.plugin",
+    "miles_engine.environments.plugin",
 )
 
 HOOK_FOR_KIND: dict[ComponentKind, str] = {

@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("miles_engine.cli.eval_cmd:eval_cmd", "Run a recipe's agent on its environment's tasks."),
     "tito": ("miles_engine.cli.tito_cmd:tito", "TITO sessions: conformance check, session server."),
     "serve": ("miles_engine.cli.serve_cmd:serve", "Serve a model over SGLang-compatible HTTP (embedded engine)."),
+    "export": ("miles_engine.cli.export_cmd:export", "Export a run's checkpoint as a Hugging Face model directory."),
     "report": ("miles_engine.cli.report_cmd:report", "Render a run's curves to PNG and HTML."),
     "new": ("miles_engine.cli.new_cmd:new", "Scaffold a plugin package (miles new plugin --kind K NAME)."),
 }

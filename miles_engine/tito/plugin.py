@@ -37,14 +37,24 @@ def _chatml(opts: ChatMLOptions):  # type: ignore[no-untyped-def]
     return ChatMLFamily(**opts.model_dump())
 
 
+def _template(opts):  # type: ignore[no-untyped-def]
+    from miles_engine.pretrained.template_family import TemplateFamily
+
+    return TemplateFamily(opts)
+
+
 @hookimpl
 def miles_register_chat_families() -> list[Component]:
+    from miles_engine.pretrained.template_family import TemplateFamilyOptions
+
     return [
         Component("qwen3", _qwen3, ThinkingFamilyOptions,
                   "Qwen3: ChatML + <think> reasoning + <tool_call>{json}</tool_call>"),
         Component("glm", _glm, ThinkingFamilyOptions,
                   "GLM-4.5+: [gMASK]<sop>, <|user|>/<|observation|> stop-and-open, XML tool calls"),
         Component("chatml", _chatml, ChatMLOptions, "plain ChatML (SmolLM2, tiny models), Hermes tool calls"),
+        Component("template", _template, TemplateFamilyOptions,
+                  "the model's own Jinja chat template, accepted once proven append-only on its tokenizer"),
     ]
 
 

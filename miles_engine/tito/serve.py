@@ -46,8 +46,8 @@ async def build_engine(model: str | None, engine_url: str | None, tokenizer: Tit
 def default_tokenizer(model: str | None, tokenizer: str | None) -> str:
     if tokenizer:
         return tokenizer
-    if model and Path(model).is_dir():
-        return model
+    if model and (model.startswith("package:") or Path(model).is_dir() or Path(model).suffix == ".gguf"):
+        return model  # the model's own tokenizer (tokenizer.json / HF dir / the vocabulary inside the GGUF)
     raise ConfigError("give --tokenizer (a tokenizer.json, a model directory or builtin:qwen3 / builtin:bpe-<family>)")
 
 

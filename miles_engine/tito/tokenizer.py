@@ -34,6 +34,8 @@ class TitoTokenizer:
         self.special_ids: frozenset[int] = frozenset(i for i, tok in decoder.items() if tok.special)
         self.vocab_size: int = backend.get_vocab_size(with_added_tokens=True)
         self._piece_cache: dict[int, str] = {}
+        #: the model's own Jinja chat template when the tokenizer came with one (``template`` family)
+        self.chat_template: str | None = None
 
     @property
     def backend(self) -> Any:
@@ -93,10 +95,19 @@ def load_tokenizer(spec: Any) -> TitoTokenizer:
     path = Path(text).expanduser()
     from tokenizers import Tokenizer
 
+    if text.startswith("package:") or path.suffix == ".gguf" or (path.is_dir() and any(path.glob("*.gguf"))
+                                                                and not (path / "tokenizer.json").is_file()):
+        from miles_engine.pretrained.source import resolve, source_tokenizer
+
+        return source_tokenizer(resolve(text))  # the vocabulary and merges inside the GGUF file
     if path.is_file():
         return TitoTokenizer(Tokenizer.from_file(str(path)), name=str(path))
     if path.is_dir() and (path / "tokenizer.json").is_file():
-        return TitoTokenizer(Tokenizer.from_file(str(path / "tokenizer.json")), name=str(path))
+        from miles_engine.pretrained.source import chat_template, resolve_directory
+
+        tok = TitoTokenizer(Tokenizer.from_file(str(path / "tokenizer.json")), name=str(path))
+        tok.chat_template = chat_template(resolve_directory(path))
+        return tok
     if path.is_dir():
         try:
             from transformers import AutoTokenizer
@@ -106,7 +117,10 @@ def load_tokenizer(spec: Any) -> TitoTokenizer:
             raise ConfigError(f"cannot load a tokenizer from directory '{path}': {exc}") from exc
         if getattr(hf, "backend_tokenizer", None) is None:
             raise ConfigError(f"the tokenizer in '{path}' is not a fast tokenizer")
-        return TitoTokenizer(hf.backend_tokenizer, name=str(path))
+        tok = TitoTokenizer(hf.backend_tokenizer, name=str(path))
+        tok.chat_template = getattr(hf, "chat_template", None) if isinstance(getattr(hf, "chat_template", None),
+                                                                             str) else None
+        return tok
     raise ConfigError(
         f"tokenizer '{text}' is neither a file, a model directory nor a builtin "
         f"(builtin:qwen3, builtin:bpe-qwen3, builtin:bpe-glm, builtin:bpe-chatml)"

@@ -30,8 +30,12 @@ def demonstrations(source: Any, n: int, seed: int, wrong_fraction: float | None 
 def build_codec(cfg: RecipeConfig, hub: Hub, source: Any) -> Any:
     from miles_engine.tito import make_codec
     from miles_engine.tito.messages import normalize_messages, normalize_tools
+    from miles_engine.pretrained.policy import pretrained_codec
     from miles_engine.train.policy_tokenizer import policy_tokenizer
 
+    codec = pretrained_codec(hub, cfg)  # model.path: the model's own tokenizer and chat template
+    if codec is not None:
+        return codec
     texts: list[str] = []
     if not cfg.tokenizer.path:
         boot = bootstrap_codec(hub, cfg)

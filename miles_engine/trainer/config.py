@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from miles_engine.errors import ConfigError
 from miles_engine.trainer.megatron.config import MegatronConfig
+from miles_engine.pretrained.lora import LoraOptions
 
 Estimator = Literal["grpo", "gspo", "ppo", "reinforce_pp"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
@@ -194,6 +195,7 @@ class TrainerConfig(_Section):
     minibatches: int = Field(1, ge=1, description="optimizer steps per epoch (the batch split by group)")
     value: ValueConfig = Field(default_factory=ValueConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    lora: LoraOptions = Field(default_factory=LoraOptions, description="LoRA adapters instead of full fine-tuning")
     num_threads: int | None = Field(1, ge=1, description="torch intra-op threads; None leaves torch's default")
     gradient_checkpointing: bool = False
     shared_prefix: bool = Field(

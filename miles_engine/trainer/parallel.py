@@ -48,12 +48,13 @@ class Local:
                 [get_optimizer_state_dict(root, opt, options=opts) for opt in optimizers])
 
     def load_full_state(self, root: nn.Module, model_sd: dict,
-                        optimizers: list[tuple[torch.optim.Optimizer, dict]]) -> None:
-        """Inverse of :meth:`full_state` (multi-rank: rank 0's dicts are broadcast)."""
+                        optimizers: list[tuple[torch.optim.Optimizer, dict]], strict: bool = True) -> None:
+        """Inverse of :meth:`full_state` (multi-rank: rank 0's dicts are broadcast); ``strict=False``:
+        ``model_sd`` may hold a subset (LoRA checkpoints: the adapters only)."""
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
 
-        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.world_size > 1)
+        opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=self.world_size > 1, strict=strict)
         set_model_state_dict(root, model_sd, options=opts)
         for opt, osd in optimizers:
             set_optimizer_state_dict(root, opt, osd, options=opts)

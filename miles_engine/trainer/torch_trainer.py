@@ -24,6 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from miles_engine.errors import ConfigError
+from miles_engine.pretrained import lora
 from miles_engine.rollout.types import Group
 from miles_engine.trainer import prefix, rl_step
 from miles_engine.trainer.batch import MicroBatch, StepBatch, from_groups, from_sft_rows
@@ -52,6 +53,8 @@ class TorchTrainer:
             raise RuntimeError("trainer.dtype=bfloat16 but this GPU does not support bfloat16; use float32")
         self.comm = comm or Local()
         self.policy = build_causal_lm(model, self.device, cfg.seed)
+        if cfg.lora.enabled:  # adapters only train; engines get the merged weights of adapted modules
+            lora.apply(self.policy, cfg.lora)
         if cfg.true_on_policy:
             from miles_engine import batch_invariant
 
@@ -89,7 +92,7 @@ class TorchTrainer:
         self.ref_prefix_mode = self.prefix_mode if self.reference is not None and prefix.supports(self.reference) \
             else None
         value_params = [p for k in ("value_head", "critic") if k in self.root for p in self.root[k].parameters()]
-        groups = [{"params": list(self.policy.parameters())}]
+        groups = [{"params": [p for p in self.policy.parameters() if p.requires_grad]}]
         if value_params:
             groups.append({"params": value_params, "lr": cfg.value.lr or cfg.optimizer.lr})
         self.optimizer, self.scheduler = build_optimizer(groups, cfg.optimizer, cfg.lr_schedule)
@@ -132,7 +135,7 @@ class TorchTrainer:
         if sft.optimizer is None and sft.lr_schedule is None:
             return self.optimizer, self.scheduler
         if self._sft_opt is None:
-            self._sft_opt = build_optimizer([{"params": list(self.policy.parameters())}],
+            self._sft_opt = build_optimizer([{"params": [p for p in self.policy.parameters() if p.requires_grad]}],
                                             sft.optimizer or self.config.optimizer,
                                             sft.lr_schedule or self.config.lr_schedule)
         return self._sft_opt
@@ -275,8 +278,9 @@ class TorchTrainer:
             return loss, {"loss": loss, "nll": nll}
 
         opt, sched = self.sft_optimizer()
-        sums = self.run_micro_batches(sb, self.plan(sb, everything, shared=True), loss_fn, self.dummy,
-                                      keys=("loss", "nll"))
+        with lora.sft_dropout(self.policy, self.config.lora):
+            sums = self.run_micro_batches(sb, self.plan(sb, everything, shared=True), loss_fn, self.dummy,
+                                          keys=("loss", "nll"))
         metrics = self.reduce_metrics(sums)
         metrics.update(self.optimizer_step(opt, sched, [p for g in opt.param_groups for p in g["params"]]))
         self.sft_steps += 1
@@ -306,6 +310,8 @@ class TorchTrainer:
         gathered on rank 0; other ranks yield nothing."""
         target = _DTYPES[dtype] if dtype else None
         state = self.comm.model_state(self.policy)  # now (a collective under FSDP), not when iterated
+        if self.config.lora.enabled:
+            state = lora.engine_tensors(state, self.config.lora.scaling)
         return iter([(name, t.to(target) if target is not None else t) for name, t in state.items()])
 
     def state_dict(self) -> dict[str, Any]:
@@ -315,6 +321,9 @@ class TorchTrainer:
         before the next step."""
         opts = [self.optimizer] + ([self._sft_opt[0]] if self._sft_opt else [])
         model_sd, optim_sds = self.comm.full_state(self.root, opts)
+        if self.config.lora.enabled:  # the frozen base (and the reference) come back from the model source
+            model_sd = {k: v for k, v in model_sd.items()
+                        if lora.is_adapter_key(k) or not k.startswith(("policy.", "reference."))}
         state = {"format": 1, "model": model_sd, "optimizer": optim_sds[0], "scheduler": self.scheduler.state_dict(),
                  "weight_version": self.weight_version, "rl_steps": self.rl_steps, "sft_steps": self.sft_steps}
         if self._sft_opt:
@@ -329,7 +338,7 @@ class TorchTrainer:
                 raise ValueError("checkpoint has an SFT optimizer but trainer.sft.optimizer is not configured")
             pairs.append((opt, state["sft_optimizer"] or {}))
             sched.load_state_dict(state["sft_scheduler"])
-        self.comm.load_full_state(self.root, state.get("model") or {}, pairs)
+        self.comm.load_full_state(self.root, state.get("model") or {}, pairs, strict=not self.config.lora.enabled)
         self.scheduler.load_state_dict(state["scheduler"])
         self.weight_version = int(state["weight_version"])
         self.rl_steps, self.sft_steps = int(state.get("rl_steps", 0)), int(state.get("sft_steps", 0))

@@ -30,7 +30,7 @@ def test_plugin_registers_families_and_agents():
     pm.add_hookspecs(hookspecs)
     pm.register(tito_plugin, name="miles_engine.tito.plugin")
     hub = Hub(pm)
-    assert hub.names("chat_family") == ["chatml", "glm", "qwen3"]
+    assert hub.names("chat_family") == ["chatml", "glm", "qwen3", "template"]
     assert hub.names("agent") == ["harness", "tito", "tito-external"]
     family = hub.create("chat_family", "qwen3", {"enable_thinking": False})
     assert family.template_kwargs["enable_thinking"] is False

@@ -111,7 +111,10 @@ def load_model(source: Any, *, dtype: str = "float32", device: str = "cpu", seed
     """
     from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+    from miles_engine.pretrained.source import loadable
+
     tdtype = torch_dtype(dtype)
+    source = loadable(source)  # package:<module> -> the model inside it
     desc: str
     if isinstance(source, PreTrainedModel):
         model, desc = copy.deepcopy(source).to(tdtype), f"instance:{type(source).__name__}"
@@ -137,9 +140,9 @@ def load_model(source: Any, *, dtype: str = "float32", device: str = "cpu", seed
                 cfg = json.loads((path / "config.json").read_text())
                 model = _from_config(config_from(cfg), tdtype, seed, attn_implementation)
         if gguf is not None:
-            model = AutoModelForCausalLM.from_pretrained(
-                str(gguf.parent), gguf_file=gguf.name, dtype=tdtype, local_files_only=True,
-                attn_implementation=attn_implementation)
+            from miles_engine.pretrained.source import load_gguf_model
+
+            model = load_gguf_model(gguf, dtype=tdtype, attn_implementation=attn_implementation)
         elif path.is_dir() and any(any(path.glob(g)) for g in _WEIGHT_GLOBS):
             model = AutoModelForCausalLM.from_pretrained(
                 str(path), dtype=tdtype, local_files_only=True, attn_implementation=attn_implementation)

@@ -1,0 +1,19 @@
+"""``miles export RUN_DIR [--merged] DEST``."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("export")
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+@click.argument("dest", type=click.Path())
+@click.option("--merged", is_flag=True,
+              help="LoRA runs: merge the adapters into the base weights (a plain HF model directory); "
+                   "without it a peft adapter directory is written. Full fine-tuning always exports merged.")
+def export(run_dir: str, dest: str, merged: bool) -> None:
+    """Write RUN_DIR's newest checkpoint to DEST as a Hugging Face directory (with the tokenizer)."""
+    from miles_engine.pretrained.export import export_run
+
+    path = export_run(run_dir, dest, merged=merged)
+    click.echo(f"exported {run_dir} to {path}")
