@@ -77,7 +77,7 @@ class DockerSandboxOptions(BaseModel):
     pull_timeout_s: float = Field(900.0, gt=0, description="bound on one image pull")
     build_timeout_s: float = Field(1800.0, gt=0, description="bound on one image build")
     kill_timeout_s: float = Field(
-        4.0, gt=0, description="bound on killing a timed-out command's process tree inside the container; past it "
+        10.0, gt=0, description="bound on killing a timed-out command's process tree inside the container; past it "
         "(e.g. a fork bomb at the pids limit) the container is killed and the sandbox is dead"
     )
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="backoff for idempotent docker calls")

@@ -152,8 +152,8 @@ class DockerSandbox:
                 await asyncio.wait_for(asyncio.shield(asyncio.gather(out_task, err_task, proc.wait())), timeout)
             except asyncio.TimeoutError:
                 timed_out = True
-                killed = self.backend.engine_is_local() and await self._kill_tree_from_host(token)
-                if not killed and not await self._kill_tree(token):
+                handled = await self._kill_tree_from_host(token)  # None: not possible from here
+                if handled is None and not await self._kill_tree(token):
                     await self._kill_container()
                 try:  # the CLI exits once the killed command's streams close
                     await asyncio.wait_for(asyncio.shield(asyncio.gather(out_task, err_task, proc.wait())), 5)
@@ -212,14 +212,20 @@ class DockerSandbox:
             return False
         return res.rc == 0
 
-    async def _kill_tree_from_host(self, token: str) -> bool:
+    async def _kill_tree_from_host(self, token: str) -> bool | None:
         """With the engine on this host: SIGKILL the exec's processes (those of this
         container's cgroup carrying the token) from outside, which needs no free process slot
         inside. A tree that keeps forking (a fork bomb) is frozen first: pause the container
-        (the cgroup freezer), kill, unpause (they die on thaw). False when none was found."""
-        if not self.container_id:
-            return False
+        (the cgroup freezer), kill, unpause (they die on thaw). Whether any was found; None
+        when this cannot be done from here (remote engine, unknown id, cgroup not visible)."""
+        if not self.container_id or not self.backend.engine_is_local():
+            return None
         marker = f"{EXEC_ENV}={token}".encode()
+        try:
+            if not await asyncio.to_thread(container_pids, self.container_id, strict=True):
+                return None  # not even the container's init is visible: its cgroup is not ours to read
+        except OSError:
+            return None
         found = False
         for _ in range(3):
             if not await asyncio.to_thread(_sigkill_tagged, self.container_id, marker):
@@ -357,8 +363,9 @@ _CGROUP_GLOBS = ("/sys/fs/cgroup/pids/docker/{id}", "/sys/fs/cgroup/pids/*/docke
                  "/sys/fs/cgroup/pids/machine.slice/libpod-{id}.scope", "/sys/fs/cgroup/machine.slice/libpod-{id}.scope")
 
 
-def container_pids(container_id: str) -> list[int]:
-    """Host pids in the container's cgroup: its cgroup.procs when found (cheap), else a /proc scan."""
+def container_pids(container_id: str, strict: bool = False) -> list[int]:
+    """Host pids in the container's cgroup: its cgroup.procs when found (cheap), else a /proc
+    scan (``strict``: an empty list when no cgroup directory is found)."""
     import glob
 
     for pattern in _CGROUP_GLOBS:
@@ -367,7 +374,9 @@ def container_pids(container_id: str) -> list[int]:
                 return [int(x) for x in Path(d, "cgroup.procs").read_text().split()]
             except OSError:
                 continue
-    found = []
+    found: list[int] = []
+    if strict:
+        return found
     for d in Path("/proc").glob("[0-9]*"):
         try:
             if container_id in (d / "cgroup").read_text():
