@@ -193,7 +193,8 @@ class SupervisedEngine(WeightSyncDelegation):
             try:
                 await self._launch()
             except Exception as exc:  # noqa: BLE001 - any failed start counts as a crash
-                reason = f"restart failed: {exc}".splitlines()[0]
+                reason = f"restart failed: {type(exc).__name__}: {exc}".splitlines()[0]
+                log.warning("%s: %s", self.name, reason, exc_info=True)
                 continue
             self.restarts += 1
             self._ready.set()
@@ -348,7 +349,9 @@ class SupervisedEngine(WeightSyncDelegation):
         """Write the snapshot of ``version`` (``merge``: over the previous snapshot's tensors)."""
         from safetensors.torch import load_file, save_file
 
-        named = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
+        from miles_engine.engines.http.tensors import untied_cpu
+
+        named = untied_cpu(weights)
         if merge and self._weights is not None and (self._weights / "model.safetensors").is_file():
             named = {**load_file(str(self._weights / "model.safetensors")), **named}
         final = self.state_dir / f"weights_v{version:06d}"

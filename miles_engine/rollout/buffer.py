@@ -95,6 +95,8 @@ class AsyncBuffer:
         self.failed_trajectories: Counter[str] = Counter()
         self.groups_put = 0
         self.groups_taken = 0
+        self.groups_restored = 0  # put back from a checkpoint
+        self.groups_evicted = 0  # left the queue without being taken (stale at get time)
         self.stale_kept = 0
         self.lengths = LengthBuckets(self.options.length_buckets)
         self._taken: list[GroupStaleness] = []
@@ -204,6 +206,7 @@ class AsyncBuffer:
             versions = [v for t in group.trajectories for v in t.sampled_versions]
             self._queue.append(_Entry(group, self._seq, min(versions) if versions else math.inf))
             self._seq += 1
+            self.groups_restored += 1
 
     # ------------------------------------------------------------------ get
     def _evict_stale(self, current_version: int) -> None:
@@ -215,6 +218,7 @@ class AsyncBuffer:
             s_old = current_version - e.oldest if e.oldest != math.inf else None
             if s_old is not None and s_old > bound and self.options.on_stale == "drop":
                 self._drop(e.group, "stale", f"s_old={s_old:g} > max_staleness={bound}")
+                self.groups_evicted += 1
             else:
                 keep.append(e)
         if len(keep) != len(self._queue):
@@ -280,6 +284,8 @@ class AsyncBuffer:
         out: dict[str, float] = {f"{p}/queue_size": float(len(self._queue)), f"{p}/capacity": float(self.capacity),
                                  f"{p}/put_waiting": float(self.put_waiting), f"{p}/groups_put": float(self.groups_put),
                                  f"{p}/groups_taken": float(self.groups_taken),
+                                 f"{p}/groups_restored": float(self.groups_restored),
+                                 f"{p}/groups_evicted": float(self.groups_evicted),
                                  f"{p}/dropped_total": float(self.dropped_groups),
                                  f"{p}/running_groups": float(len(self._inflight)),
                                  f"{p}/straggler_wait_s": self.straggler_wait_s}

@@ -93,7 +93,7 @@ def _assert_accounted(run: Path, train: list[dict]) -> None:
     ended = s.get("groups_put", 0) + s.get("groups_filtered", 0) + s.get("groups_cancelled", 0) \
         + s.get("groups_discarded_closed", 0)
     assert s["submitted_groups"] == ended + b["running_groups"], (s, b)
-    assert b["groups_put"] == b["groups_taken"] + b["dropped_total"] + b["queue_size"], b
+    assert b["groups_put"] + b["groups_restored"] == b["groups_taken"] + b["groups_evicted"] + b["queue_size"], b
 
 
 @pytest.mark.slow
@@ -108,7 +108,7 @@ def test_two_server_engines_learn(warm_run: Path, tmp_path: Path, transport: str
 
 def _engine_pid(run: Path, name: str) -> int | None:
     port_file = run / "engines" / name / "port"
-    out = subprocess.run(["pgrep", "-f", f"--port-file {port_file}"], capture_output=True, text=True).stdout.split()
+    out = subprocess.run(["pgrep", "-f", "--", f"--port-file {port_file}"], capture_output=True, text=True).stdout.split()
     return int(out[0]) if out else None
 
 
@@ -121,9 +121,9 @@ def test_sigkill_of_an_engine_process_mid_run(warm_run: Path, tmp_path: Path) ->
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline:
             metrics = run / "metrics.jsonl"
-            steps = [json.loads(x)["step"] for x in metrics.read_text().splitlines()] if metrics.exists() else []
+            rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
             pid = _engine_pid(run, "server-0")
-            if pid is not None and sum(1 for s in steps if s >= 5) >= 1:
+            if pid is not None and any(r["kind"] == "train" and r["step"] >= 5 for r in rows):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
                 return

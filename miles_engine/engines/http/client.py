@@ -164,7 +164,7 @@ class HttpEngine:
             from safetensors.torch import save_file
 
             with tempfile.TemporaryDirectory(prefix="miles-weights-") as tmp:
-                named = {k: v.detach().cpu().contiguous() for k, v in weights.items()}
+                named = tensors.untied_cpu(weights)
                 save_file(named, str(Path(tmp) / "model.safetensors"))
                 await self._update_from_disk(Path(tmp), new)
         self._version = new

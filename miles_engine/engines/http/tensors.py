@@ -17,6 +17,22 @@ from miles_engine.engines.http.wire import BadRequest
 TENSOR_LOAD_FORMAT = "miles_safetensors"
 
 
+def untied_cpu(weights: Mapping[str, Any]) -> dict[str, Any]:
+    """Contiguous CPU copies safetensors can write: tied weights (embed_tokens / lm_head share one
+    storage in a tied model's export) become separate tensors."""
+    import torch
+
+    out: dict[str, Any] = {}
+    seen: set[int] = set()
+    for name, value in weights.items():
+        t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+        t = t.detach().to("cpu").contiguous()
+        ptr = t.untyped_storage().data_ptr()
+        out[name] = t.clone() if ptr in seen else t
+        seen.add(ptr)
+    return out
+
+
 def encode_named_tensors(weights: Mapping[str, Any], chunk_bytes: int = 256 << 20) -> list[str]:
     """Named tensors -> base64 safetensors blobs of at most about ``chunk_bytes`` each."""
     import torch
@@ -25,9 +41,7 @@ def encode_named_tensors(weights: Mapping[str, Any], chunk_bytes: int = 256 << 2
     chunks: list[str] = []
     cur: dict[str, Any] = {}
     size = 0
-    for name, value in weights.items():
-        t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-        t = t.detach().to("cpu").contiguous()
+    for name, t in untied_cpu(weights).items():
         if cur and size + t.numel() * t.element_size() > chunk_bytes:
             chunks.append(base64.b64encode(save(cur)).decode("ascii"))
             cur, size = {}, 0

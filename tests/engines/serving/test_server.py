@@ -250,3 +250,14 @@ def test_real_uvicorn_on_an_ephemeral_loopback_port() -> None:
             await serving
         assert engine.closed
     asyncio.run(main())
+
+
+def test_tied_weights_encode_for_the_tensor_route() -> None:
+    """A trainer's export of a tied-embedding model holds two names over one storage (what a
+    restarted engine process is restored with): both travel, equal."""
+    import torch
+
+    shared = torch.randn(8, 4)
+    decoded = tensors.decode_named_tensors(tensors.encode_named_tensors(
+        {"model.embed_tokens.weight": shared, "lm_head.weight": shared, "norm": torch.ones(4)}))
+    assert torch.equal(decoded["lm_head.weight"], shared) and torch.equal(decoded["model.embed_tokens.weight"], shared)
