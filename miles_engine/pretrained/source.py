@@ -11,6 +11,7 @@ metadata ``tokenizer.chat_template``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -86,12 +87,21 @@ def loadable(spec: Any) -> Any:
 
 
 # ---------------------------------------------------------------- metadata
-def gguf_field(path: Path, key: str) -> Any:
-    """One metadata value of a GGUF file (memory-mapped; the tensors are not read)."""
+_GGUF_KEYS = ("general.architecture", "tokenizer.chat_template")
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_meta(path: Path, size: int, mtime_ns: int) -> dict[str, Any]:
     from gguf import GGUFReader
 
-    field = GGUFReader(str(path)).fields.get(key)
-    return None if field is None else field.contents()
+    fields = GGUFReader(str(path)).fields
+    return {k: fields[k].contents() for k in _GGUF_KEYS if k in fields}
+
+
+def gguf_field(path: Path, key: str) -> Any:
+    """A metadata value of a GGUF file (memory-mapped, the tensors are not read; cached per file)."""
+    st = path.stat()
+    return _gguf_meta(path.resolve(), st.st_size, st.st_mtime_ns).get(key)
 
 
 def _config_json(src: ModelSource) -> dict[str, Any] | None:
