@@ -210,7 +210,9 @@ async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Any, fleet
     if w.transport == "disk_delta":
         options = {**w.disk_delta.model_dump(), "root": w.disk_delta.root or str(run_dir / "weights")}
         if options["baseline"] is None and not any(hasattr(s.engine, "model") for s in engines.slots):
-            options["baseline"] = fleet.model_path()  # what the engine processes started from
+            # the engine processes started from the policy's weights: version 0 is exactly what the trainer exports
+            options["baseline"] = await asyncio.to_thread(_write_baseline, await trainer.named_tensors(),
+                                                          run_dir / "engines" / "baseline.safetensors")
     transport = create_transport(w.transport, engines, check=w.check, **options)
     stack.push_async_callback(transport.close)
     if resumed is not None:  # disk_delta: drop the abandoned future
@@ -218,6 +220,18 @@ async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Any, fleet
     # disk_delta: what the trainer exports must match its baseline, before training
     await transport.preflight(await trainer.named_tensors())
     return transport
+
+
+def _write_baseline(tensors: list[tuple[str, Any]], path: Path) -> str:
+    from safetensors.torch import save_file
+
+    from miles_engine.engines.http.tensors import untied_cpu
+
+    if not path.is_file():  # a resumed run keeps the baseline its versions were published against
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(untied_cpu(dict(tensors)), str(tmp))
+        tmp.rename(path)
+    return str(path)
 
 
 def _build_opd(cfg: RecipeConfig, hub: Hub, run_dir: Path, codec: Any, source: Any, tasks: Any, metrics: Any,
