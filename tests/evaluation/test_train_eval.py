@@ -19,7 +19,7 @@ from miles_engine.cli.main import cli
 from miles_engine.evaluation import stats
 from miles_engine.evaluation.runner import per_task_values, read_records
 
-CHEAP = ["run.steps=4", "run.checkpoint_every=2", "run.max_minutes=8", "metrics.progress=false", "sft.enabled=false",
+CHEAP = ["run.steps=4", "run.checkpoint_every=2", "run.max_minutes=null", "metrics.progress=false", "sft.enabled=false",
          "tokenizer.corpus_demos=300", "rollout.groups_per_step=2", "rollout.group_size=4", "rollout.max_inflight=8",
          "buffer.capacity_groups=8", "eval.every=2", "eval.limit=4", "eval.attempts=2"]
 
@@ -111,7 +111,7 @@ def test_shared_eval_held_out_accuracy_rises_and_checkpoints_compare(tmp_path: P
     training engines. The training reward rises 0.47-0.55 over these 30 steps (see the e2e test);
     the held-out drills are the same distribution, so their reward must rise too: the paired
     difference step 30 - step 0 over the 32 held-out tasks has its 95% interval above 0."""
-    run, rows = train(tmp_path, "shared", "run.steps=30", "run.max_minutes=12", "run.checkpoint_every=10",
+    run, rows = train(tmp_path, "shared", "run.steps=30", "run.max_minutes=null", "run.checkpoint_every=10",
                       "run.checkpoint_keep=4", "metrics.progress=false", "eval.every=10", "eval.limit=32", "eval.attempts=4")
     evals = eval_rows(rows)
     assert sorted(evals) == [0, 10, 20, 30]

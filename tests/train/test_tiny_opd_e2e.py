@@ -16,7 +16,7 @@ SHORT = [
     "opd.train_teacher.demos=1500", "opd.train_teacher.epochs=1",
     "sft.demos=320",
     "rollout.groups_per_step=4", "rollout.max_inflight=16",
-    "run.steps=10", "run.max_minutes=6",
+    "run.steps=10", "run.max_minutes=null",
     "metrics.progress=false",
 ]
 

@@ -20,7 +20,7 @@ pytest.importorskip("megatron.core")
 from miles_engine.cli.main import cli  # noqa: E402
 
 SHORT = ["trainer.backend=megatron", "sft.demos=320", "sft.epochs=1", "trainer.sft.lr_schedule.total_steps=10",
-         "trainer.sft.lr_schedule.warmup_steps=2", "run.steps=2", "run.checkpoint_every=2", "run.max_minutes=6",
+         "trainer.sft.lr_schedule.warmup_steps=2", "run.steps=2", "run.checkpoint_every=2", "run.max_minutes=null",
          "metrics.progress=false", "weights.check_update_equal=true"]
 
 
