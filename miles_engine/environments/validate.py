@@ -45,8 +45,22 @@ def _verdict(label: str, expected: float, result: EpisodeResult | BaseException)
         return None, f"{label}: {result.reward.error}"
     value = result.reward.reward
     if value != expected:
-        return value, f"{label} scored {value} (expected {expected})"
+        return value, f"{label} scored {value} (expected {expected})" + _evidence(result)
     return value, None
+
+
+def _evidence(result: EpisodeResult) -> str:
+    """What the solution and the verifier printed, so a wrong score can be read without a rerun."""
+    parts = [] if result.agent.stop_reason == "done" else [f"agent stop reason {result.agent.stop_reason!r}"]
+    solution = result.info.get("solution")
+    if isinstance(solution, dict):
+        parts.append(f"solution exit code {solution.get('exit_code')}"
+                     + (" (timed out)" if solution.get("timed_out") else "")
+                     + f", output tail {str(solution.get('output_tail', '')).strip()[-400:]!r}")
+    tail = result.reward.info.get("test_stdout_tail")
+    if tail:
+        parts.append(f"verifier output tail {str(tail).strip()[-400:]!r}")
+    return "".join(f"; {p}" for p in parts)
 
 
 async def _check_task(source: EnvironmentSource, task_id: str, backend: SandboxBackend) -> TaskCheck:

@@ -106,7 +106,10 @@ async def run_tests(task: HarborTask, sandbox: Sandbox) -> RewardResult:
         return RewardResult.failed(str(exc), **info, test_stdout_tail=await _tail(sandbox))
     except Exception as exc:  # a sandbox read failure is this task's error, not a crashed batch
         return RewardResult.failed(f"{where}: cannot read {path}: {type(exc).__name__}: {exc}", **info)
-    return reward_result(rewards, source=path, **info)
+    result = reward_result(rewards, source=path, **info)
+    if result.reward is not None and result.reward < 1.0:  # the why of a partial score, for the logs
+        result.info["test_stdout_tail"] = await _tail(sandbox)
+    return result
 
 
 async def collect_artifacts(sandbox: Sandbox, paths: list[str], local_root: Path) -> list[tuple[str, str]]:

@@ -157,12 +157,14 @@ def test_verification_order_and_tests_uploaded_only_then(tmp_path):
 
     sb.scripts["/tests/test.sh"] = spy
     assert sb.under("/tests") == []
-    run(task.verify(ctx))
+    result = run(task.verify(ctx))
+    assert result.reward == 0.0 and result.info["test_stdout_tail"] == "checked\n"  # why it scored 0
     assert seen_before == ["/tests/helper.py", "/tests/test.sh"]
     assert sb.commands()[1:] == [
         "mkdir -p /logs/verifier /tests && rm -f /logs/verifier/reward.json /logs/verifier/reward.txt /logs/verifier/test-stdout.txt",
         "bash /tests/test.sh > /logs/verifier/test-stdout.txt 2>&1",
         'for f in /logs/verifier/reward.json /logs/verifier/reward.txt; do if [ -f "$f" ]; then echo "$f"; fi; done',
+        "tail -c 2000 /logs/verifier/test-stdout.txt 2>/dev/null || true",
     ]
 
 

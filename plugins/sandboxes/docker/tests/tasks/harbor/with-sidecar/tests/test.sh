@@ -1,5 +1,5 @@
 #!/bin/bash
-want=$(python3 -c "import urllib.request; print(urllib.request.urlopen('http://cache:8080/answer', timeout=10).read().decode().strip())")
+want=$(python3 -c "import urllib.request; print(urllib.request.urlopen('http://cache:8080/answer', timeout=45).read().decode().strip())")
 if [ "$want" = forty-two ] && [ "$(cat /app/answer.txt 2>/dev/null)" = "$want" ]; then
   echo 1 > /logs/verifier/reward.txt
 else
