@@ -69,8 +69,8 @@ case "$verb" in
     exec "$VENV/bin/miles" train tiny-terminal "$@"
     ;;
   test)
-    # + lora (peft) and megatron (megatron-core 0.16.1): both take the torch installed first
-    install "[engine,server,report,dev,lora,megatron]"
+    # + lora (peft), megatron (megatron-core 0.16.1): both take the torch installed first; ray (placement.backend=ray)
+    install "[engine,server,report,dev,lora,megatron,ray]"
     scripts/install_harnesses.sh  # Claude Code and Codex CLI from npm (cached); their tests skip without them
     start_container_engine
     set +e

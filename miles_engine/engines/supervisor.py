@@ -61,15 +61,17 @@ class SupervisedEngine(WeightSyncDelegation):
                  backoff_max_s: float = 30.0, stable_after_s: float = 60.0, monitor_interval_s: float = 0.2,
                  health_interval_s: float = 5.0, health_failures: int = 3, max_request_retries: int = 3,
                  env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
-                 client_kwargs: Mapping[str, Any] | None = None, restore: Restore | None = None) -> None:
+                 client_kwargs: Mapping[str, Any] | None = None, restore: Restore | None = None,
+                 process_factory: Callable[..., Any] | None = None) -> None:
         self.name = name
         self.restore = restore
         self._own_state = state_dir is None
         self.state_dir = Path(state_dir or tempfile.mkdtemp(prefix=f"miles-{name}-"))
         self.state_dir.mkdir(parents=True, exist_ok=True)
         argv = [*command, "--port", "0", "--port-file", str(self.state_dir / "port")]
-        self.process = ServerProcess(argv, port_file=self.state_dir / "port", env=env, cwd=cwd,
-                                     log_path=self.state_dir / "server.log", name=name)
+        # process_factory: where the server runs (default: a subprocess here; a Ray actor under placement.backend=ray)
+        self.process = (process_factory or ServerProcess)(argv, port_file=self.state_dir / "port", env=env, cwd=cwd,
+                                                          log_path=self.state_dir / "server.log", name=name)
         self.start_timeout_s, self.max_restarts = start_timeout_s, max_restarts
         self.backoff_base_s, self.backoff_max_s, self.stable_after_s = backoff_base_s, backoff_max_s, stable_after_s
         self.monitor_interval_s, self.health_interval_s = monitor_interval_s, health_interval_s

@@ -19,7 +19,9 @@ from miles_engine.errors import ConfigError
 LAYOUT_KEYS = ("placement.trainer", "trainer.parallel.world_size", "trainer.parallel.device")
 # engines, fleet, weights: engines start from the trainer's weights (pushed in full at the first push
 # of every run), so the fleet and how weights reach it may change on resume
+# placement.backend / placement.ray: the same ranks in actors or in local processes save the same state
 MUTABLE = ("description", "eval", "metrics", "run", "sft", "sandbox.options", "engines", "fleet", "weights",
+           "placement.backend", "placement.ray",
            "rollout.max_inflight", "rollout.poll_s", "rollout.episode_timeout_s",
            "buffer.capacity_groups", "trainer.num_threads", "trainer.sft.num_threads", "trainer.parallel.start_timeout_s",
            "trainer.parallel.step_timeout_s", "session_server.diagnose_every", "session_server.otel",

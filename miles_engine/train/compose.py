@@ -59,6 +59,7 @@ class Components:
     policy: Any  # the model (or path) the trainer and engines started from
     evaluator: Any  # Evaluator: after_step(step, version) (a no-op one without eval.every)
     progress: RunProgress
+    placement: Any = None  # RayPlacement under placement.backend=ray, else None
     resume_sft: bool = False  # --resume of a run stopped during its sft.dataset warm start
 
 
@@ -144,11 +145,14 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
     if resumed is not None:
         check_resume(resumed.manifest, cfg.model_dump(mode="json"), tokenizer_sha, resumed.path)
     policy = build_policy(cfg, codec)
-    trainer = await asyncio.to_thread(TrainerAccess.create, policy, cfg)
+    kinds = _engine_kinds(cfg, hub)
+    placement = await _start_placement(cfg, kinds, run_dir, stack)
+    trainer = await asyncio.to_thread(TrainerAccess.create, policy, cfg,
+                                      ranks=None if placement is None else placement.trainer_ranks())
     stack.push_async_callback(asyncio.to_thread, trainer.close)
-    engines, fleet = await _start_engines(cfg, hub, run_dir, policy, trainer, stack)
+    engines, fleet = await _start_engines(cfg, kinds, run_dir, policy, trainer, placement, stack)
     server = await _start_server(cfg, engines, codec, stack)
-    transport = await _start_transport(cfg, run_dir, engines, fleet, trainer, resumed, stack)
+    transport = await _start_transport(cfg, run_dir, engines, fleet, trainer, resumed, placement, stack)
     opd = _build_opd(cfg, hub, run_dir, codec, source, tasks, metrics, engines, stack)
     reward = _build_reward(cfg, hub, stack)
     scheduler, mode = _build_rollout(cfg, hub, run_dir, source, tasks, sandboxes, server, buffer, engines, reward,
@@ -164,7 +168,7 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
                       tokenizer_sha=tokenizer_sha, trainer=trainer, engines=engines, server=server,
                       transport=transport, buffer=buffer, scheduler=scheduler, mode=mode, opd=opd, metrics=metrics,
                       samples=samples, resumed=resumed, policy=policy, evaluator=evaluator, progress=progress,
-                      resume_sft=resume_sft)
+                      placement=placement, resume_sft=resume_sft)
 
 
 def _preflight_sandbox(cfg: RecipeConfig, source: Any, tasks: Any, sandboxes: Any) -> None:
@@ -179,15 +183,30 @@ def _preflight_sandbox(cfg: RecipeConfig, source: Any, tasks: Any, sandboxes: An
         check_supported(spec, sandboxes.capabilities(), backend=cfg.sandbox.backend, task=task.id)
 
 
-async def _start_engines(cfg: RecipeConfig, hub: Hub, run_dir: Path, policy: Any, trainer: TrainerAccess,
-                         stack: AsyncExitStack) -> tuple[Any, Any]:
-    from miles_engine.engines.fleet.build import check_transport, create_kinds, start_fleet
-    from miles_engine.engines.fleet.kinds import FleetContext
+def _engine_kinds(cfg: RecipeConfig, hub: Hub) -> list[Any]:
+    from miles_engine.engines.fleet.build import check_transport, create_kinds
 
     kinds = create_kinds(hub, cfg.engines)
     check_transport(cfg.weights.transport, cfg.engines, kinds)
+    return kinds
+
+
+async def _start_placement(cfg: RecipeConfig, kinds: list[Any], run_dir: Path, stack: AsyncExitStack) -> Any:
+    """placement.backend=ray: join the cluster and reserve every actor's resources, before anything starts."""
+    if cfg.placement.backend != "ray":
+        return None
+    from miles_engine.cluster.placement import RayPlacement
+
+    return await RayPlacement.start(cfg, kinds, stack, run_name=run_dir.name)
+
+
+async def _start_engines(cfg: RecipeConfig, kinds: list[Any], run_dir: Path, policy: Any, trainer: TrainerAccess,
+                         placement: Any, stack: AsyncExitStack) -> tuple[Any, Any]:
+    from miles_engine.engines.fleet.build import start_fleet
+    from miles_engine.engines.fleet.kinds import FleetContext
+
     ctx = FleetContext(model=policy, state_dir=run_dir / "engines", seed=cfg.seed, restore=trainer.last_pushed,
-                       true_on_policy=cfg.trainer.true_on_policy)
+                       true_on_policy=cfg.trainer.true_on_policy, launcher=placement)
     return await start_fleet(cfg.engines, kinds, ctx, stack, cfg.fleet), ctx
 
 
@@ -202,11 +221,13 @@ async def _start_server(cfg: RecipeConfig, engines: Any, codec: Any, stack: Asyn
 
 
 async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Any, fleet: Any, trainer: TrainerAccess,
-                           resumed: checkpoint.Loaded | None, stack: AsyncExitStack) -> Any:
+                           resumed: checkpoint.Loaded | None, placement: Any, stack: AsyncExitStack) -> Any:
     from miles_engine.weights import create_transport
 
     w = cfg.weights
     options: dict[str, Any] = {}
+    if w.transport == "broadcast" and placement is not None:  # the group's rendezvous: this node's address
+        options["master_address"] = placement.driver_address()
     if w.transport == "disk_delta":
         options = {**w.disk_delta.model_dump(), "root": w.disk_delta.root or str(run_dir / "weights")}
         if options["baseline"] is None and not any(hasattr(s.engine, "model") for s in engines.slots):

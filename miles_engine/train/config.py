@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from miles_engine.cluster.config import RayOptions
 from miles_engine.rollout.scheduler import SchedulerOptions
 from miles_engine.train.sft_data import SFTDatasetConfig
 from miles_engine.weights.check.options import CheckOptions, CheckTolerance
@@ -28,6 +29,10 @@ class PlacementConfig(_Section):
         "subprocess", description="in_process: colocated with the engine (one process; only sync / one_step_off); "
         "subprocess: its own process(es) (trainer.parallel.world_size FSDP2 ranks), so generation and training "
         "overlap")
+    backend: Literal["local", "ray"] = Field(
+        "local", description="local: engines and trainer ranks as processes of this machine; ray: as Ray actors "
+        "on the cluster placement.ray names (docs/ray.md)")
+    ray: RayOptions = Field(default_factory=RayOptions)
 
     @model_validator(mode="before")
     @classmethod

@@ -145,6 +145,8 @@ class TrainingRun:
         fleet_metrics = getattr(p.engines, "metrics", None)
         if callable(fleet_metrics):
             metrics.update(fleet_metrics())
+        if p.placement is not None:  # placement.backend=ray: actors, placement groups, actor restarts
+            metrics.update(p.placement.metrics())
         metrics.update({f"time/{k}": v for k, v in self.timers.items()})
         metrics.update(self.checkpoint_metrics)
         self.checkpoint_metrics = {}

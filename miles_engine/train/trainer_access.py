@@ -22,12 +22,13 @@ class TrainerAccess:
         self._pushed: tuple[dict[str, Any], int] | None = None
 
     @classmethod
-    def create(cls, policy: Any, cfg: RecipeConfig) -> TrainerAccess:
+    def create(cls, policy: Any, cfg: RecipeConfig, ranks: Any = None) -> TrainerAccess:
         """``trainer.backend`` picks the backend, ``placement.trainer`` where it runs (the megatron
-        backend always runs in rank processes), ``trainer.parallel.world_size`` how many ranks."""
+        backend always runs in rank processes), ``trainer.parallel.world_size`` how many ranks;
+        ``ranks``: rank processes placed elsewhere (Ray actors)."""
         from miles_engine.trainer.factory import create_trainer
 
-        return cls(create_trainer(policy, cfg.trainer, subprocess=cfg.placement.trainer == "subprocess"))
+        return cls(create_trainer(policy, cfg.trainer, subprocess=cfg.placement.trainer == "subprocess", ranks=ranks))
 
     def _locked(self, fn: Any, *args: Any) -> Any:
         with self._lock:

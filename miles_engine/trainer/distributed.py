@@ -52,35 +52,74 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, init_method: str, model: Any, config: dict, conn: Any,
-               make: Callable[[Any, TrainerConfig, Any], Any] | None = None) -> None:
-    """One rank: build the trainer, then serve commands until ``close``. Ctrl-C is the driver's
-    business: ranks ignore SIGINT and stop when the proxy closes them (or its pipe closes).
-    ``make(model, cfg, device)``: another rank trainer than an FSDP2 ``TorchTrainer``."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    import torch
-    import torch.distributed as dist
+class RankWorker:
+    """One rank: joins the process group, builds its trainer and answers commands. A pipe-fed
+    process (:func:`_rank_main`) or a Ray actor drives it; ``make(model, cfg, device)``: another
+    rank trainer than an FSDP2 ``TorchTrainer``."""
 
-    from miles_engine.trainer.parallel import FSDP2
-    from miles_engine.trainer.torch_trainer import TorchTrainer
+    def __init__(self, rank: int, world: int, init_method: str, model: Any, config: dict,
+                 make: Callable[[Any, TrainerConfig, Any], Any] | None = None) -> None:
+        import torch
+        import torch.distributed as dist
 
-    cfg = TrainerConfig.load(config)
-    if os.environ.get("MILES_TRAINER_STACK_DUMP_S"):  # debugging a hang: dump every rank's stacks
-        import faulthandler
-        import sys
+        from miles_engine.trainer.parallel import FSDP2
+        from miles_engine.trainer.torch_trainer import TorchTrainer
 
-        faulthandler.dump_traceback_later(float(os.environ["MILES_TRAINER_STACK_DUMP_S"]), repeat=True,
-                                          file=sys.stderr)
-    try:
+        cfg = TrainerConfig.load(config)
+        if os.environ.get("MILES_TRAINER_STACK_DUMP_S"):  # debugging a hang: dump every rank's stacks
+            import faulthandler
+            import sys
+
+            faulthandler.dump_traceback_later(float(os.environ["MILES_TRAINER_STACK_DUMP_S"]), repeat=True,
+                                              file=sys.stderr)
         if cfg.parallel.device == "cuda":
-            torch.cuda.set_device(rank)
-            device, backend = torch.device("cuda", rank), "nccl"
+            torch.cuda.set_device(rank % max(torch.cuda.device_count(), 1))
+            device, backend = torch.device("cuda", torch.cuda.current_device()), "nccl"
         else:
             device, backend = torch.device("cpu"), "gloo"
         dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=cfg.parallel.step_timeout_s or 1800))
-        trainer = make(model, cfg, device) if make else TorchTrainer(model, cfg, device=device, comm=FSDP2(device))
-        conn.send(("ok", {"vocab_size": trainer.vocab_size, "routing": trainer.routing}))
+        self.rank = rank
+        self.trainer = make(model, cfg, device) if make else TorchTrainer(model, cfg, device=device, comm=FSDP2(device))
+
+    def info(self) -> dict[str, Any]:
+        return {"vocab_size": self.trainer.vocab_size, "routing": self.trainer.routing}
+
+    def handle(self, cmd: str, arg: Any) -> Any:
+        """One command; rank 0's answer (other ranks answer ``None``). Raises what the trainer raises."""
+        trainer = self.trainer
+        if cmd == "train":
+            out: Any = trainer.train_minibatches(arg)
+        elif cmd == "sft":
+            out = trainer.sft_step(arg)
+        elif cmd == "named_tensors":
+            tensors = dict(trainer.named_tensors(arg))  # a collective: every rank gathers
+            out = _dumps(tensors) if self.rank == 0 else None
+        elif cmd == "state_dict":
+            state = trainer.state_dict()
+            out = _dumps(state) if self.rank == 0 else None
+        elif cmd == "load_state_dict":
+            trainer.load_state_dict(_loads(arg))
+            out = None
+        elif cmd == "call":
+            fn, args = arg
+            out = fn(trainer, *args)
+        elif cmd == "close":
+            trainer.close()
+            out = None
+        else:
+            raise ValueError(f"unknown command {cmd!r}")
+        return out if self.rank == 0 else None
+
+
+def _rank_main(rank: int, world: int, init_method: str, model: Any, config: dict, conn: Any,
+               make: Callable[[Any, TrainerConfig, Any], Any] | None = None) -> None:
+    """A rank process: serve commands from the pipe until ``close``. Ctrl-C is the driver's
+    business: ranks ignore SIGINT and stop when the proxy closes them (or its pipe closes)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        worker = RankWorker(rank, world, init_method, model, config, make)
+        conn.send(("ok", worker.info()))
     except BaseException:  # noqa: BLE001 - reported to the proxy
         conn.send(("error", traceback.format_exc()))
         return
@@ -89,32 +128,13 @@ def _rank_main(rank: int, world: int, init_method: str, model: Any, config: dict
             cmd, arg = conn.recv()
         except EOFError:
             break
-        if cmd == "close":
-            trainer.close()
-            conn.send(("ok", None))
-            break
         try:
-            if cmd == "train":
-                out: Any = trainer.train_minibatches(arg)
-            elif cmd == "sft":
-                out = trainer.sft_step(arg)
-            elif cmd == "named_tensors":
-                tensors = dict(trainer.named_tensors(arg))  # a collective: every rank gathers
-                out = _dumps(tensors) if rank == 0 else None
-            elif cmd == "state_dict":
-                state = trainer.state_dict()
-                out = _dumps(state) if rank == 0 else None
-            elif cmd == "load_state_dict":
-                trainer.load_state_dict(_loads(arg))
-                out = None
-            elif cmd == "call":
-                fn, args = arg
-                out = fn(trainer, *args)
-            else:
-                raise ValueError(f"unknown command {cmd!r}")
-            conn.send(("ok", out if rank == 0 else None))
+            out = worker.handle(cmd, arg)
         except BaseException:  # noqa: BLE001
             conn.send(("error", traceback.format_exc()))
+            break
+        conn.send(("ok", out))
+        if cmd == "close":
             break
 
 
@@ -134,42 +154,32 @@ def _stop(procs: list[Any]) -> None:
             p.kill()
 
 
-class FSDPTrainer:
-    """Driver-side proxy of ``world_size`` FSDP2 ranks; implements :class:`TrainerBackend`."""
+class PipeRanks:
+    """``world`` rank processes (``torch.multiprocessing``, spawn) on this machine, one pipe each."""
 
-    rank_factory: Callable[[Any, TrainerConfig, Any], Any] | None = None  # see _rank_main
-
-    def __init__(self, model: Any, config: TrainerConfig | dict[str, Any] | None = None, *,
-                 world_size: int | None = None) -> None:
+    def __init__(self, world: int, model: Any, config: dict,
+                 make: Callable[[Any, TrainerConfig, Any], Any] | None) -> None:
         import torch.multiprocessing as mp
 
-        self.config = TrainerConfig.load(config)
-        self.world_size = world_size or self.config.parallel.world_size
-        cfg_dict = self.config.model_dump()
-        cfg_dict["parallel"]["world_size"] = self.world_size
         ctx = mp.get_context("spawn")
         init = f"tcp://127.0.0.1:{_free_port()}"
-        self._conns, self._procs = [], []
-        for rank in range(self.world_size):
+        self.conns, self.procs = [], []
+        for rank in range(world):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_rank_main, args=(rank, self.world_size, init, model, cfg_dict, child,
-                                                        self.rank_factory),
+            proc = ctx.Process(target=_rank_main, args=(rank, world, init, model, config, child, make),
                                daemon=True, name=f"miles-trainer-rank{rank}")
             proc.start()
             child.close()
-            self._conns.append(parent)
-            self._procs.append(proc)
-        self._finalizer = weakref.finalize(self, _stop, self._procs)
-        self._closed = False
-        info = self._gather(self.config.parallel.start_timeout_s, "start")
-        self.vocab_size = int(info["vocab_size"])
-        self.routing = info["routing"]
-        self._version = 0
+            self.conns.append(parent)
+            self.procs.append(proc)
 
-    # ------------------------------------------------------------------ plumbing
-    def _gather(self, timeout: float | None, what: str) -> Any:
-        """Rank 0's answer once every rank answered; any error or death fails the trainer."""
-        pending = dict(enumerate(self._conns))
+    def send(self, cmd: str, args: Sequence[Any]) -> None:
+        for conn, arg in zip(self.conns, args):
+            conn.send((cmd, arg))
+
+    def gather(self, timeout: float | None, what: str) -> Any:
+        """Rank 0's answer once every rank answered; :class:`TrainerError` on an error or a death."""
+        pending = dict(enumerate(self.conns))
         answers: dict[int, Any] = {}
         deadline = None if timeout is None else time.monotonic() + timeout
         while pending:
@@ -180,25 +190,65 @@ class FSDPTrainer:
                     except EOFError:
                         status, payload = "error", "the rank closed its pipe"
                     if status != "ok":
-                        self._fail(f"trainer rank {rank} failed during {what}:\n{payload}")
+                        raise TrainerError(f"trainer rank {rank} failed during {what}:\n{payload}")
                     answers[rank] = payload
                     del pending[rank]
-                elif not self._procs[rank].is_alive():
-                    self._fail(f"trainer rank {rank} died during {what} (exit code {self._procs[rank].exitcode})")
+                elif not self.procs[rank].is_alive():
+                    raise TrainerError(f"trainer rank {rank} died during {what} "
+                                       f"(exit code {self.procs[rank].exitcode})")
             if deadline is not None and time.monotonic() > deadline:
-                self._fail(f"trainer ranks {sorted(pending)} did not answer {what} within {timeout:.0f} s")
+                raise TrainerError(f"trainer ranks {sorted(pending)} did not answer {what} within {timeout:.0f} s")
         return answers[0]
 
-    def _fail(self, message: str) -> None:
-        self._closed = True
-        _stop(self._procs)
-        raise TrainerError(message)
+    def close(self, grace_s: float = 30.0) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(("close", None))
+            except (BrokenPipeError, OSError):
+                pass
+        deadline = time.monotonic() + grace_s
+        for p in self.procs:
+            p.join(max(deadline - time.monotonic(), 0.1))
+        self.stop()
+
+    def stop(self) -> None:
+        _stop(self.procs)
+
+
+class FSDPTrainer:
+    """Driver-side proxy of ``world_size`` FSDP2 ranks; implements :class:`TrainerBackend`.
+    ``ranks``: where the ranks run (default :class:`PipeRanks`, processes on this machine; the
+    Ray placement passes actors), built as ``ranks(world, model, config_dict, rank_factory)``."""
+
+    rank_factory: Callable[[Any, TrainerConfig, Any], Any] | None = None  # see RankWorker
+
+    def __init__(self, model: Any, config: TrainerConfig | dict[str, Any] | None = None, *,
+                 world_size: int | None = None, ranks: Callable[..., Any] | None = None) -> None:
+        self.config = TrainerConfig.load(config)
+        self.world_size = world_size or self.config.parallel.world_size
+        cfg_dict = self.config.model_dump()
+        cfg_dict["parallel"]["world_size"] = self.world_size
+        self._closed = False
+        self._ranks = (ranks or PipeRanks)(self.world_size, model, cfg_dict, self.rank_factory)
+        self._finalizer = weakref.finalize(self, self._ranks.stop)
+        info = self._gather(self.config.parallel.start_timeout_s, "start")
+        self.vocab_size = int(info["vocab_size"])
+        self.routing = info["routing"]
+        self._version = 0
+
+    # ------------------------------------------------------------------ plumbing
+    def _gather(self, timeout: float | None, what: str) -> Any:
+        try:
+            return self._ranks.gather(timeout, what)
+        except TrainerError:
+            self._closed = True  # any error or death fails the trainer: the other ranks are stopped
+            self._ranks.stop()
+            raise
 
     def _send(self, cmd: str, args: Sequence[Any], what: str | None = None) -> Any:
         if self._closed:
             raise TrainerError("the trainer is closed (or failed earlier)")
-        for conn, arg in zip(self._conns, args):
-            conn.send((cmd, arg))
+        self._ranks.send(cmd, args)
         return self._gather(self.config.parallel.step_timeout_s, what or cmd)
 
     # ------------------------------------------------------------------ TrainerBackend
@@ -247,14 +297,7 @@ class FSDPTrainer:
         if self._closed:
             return
         self._closed = True
-        for conn in self._conns:
-            try:
-                conn.send(("close", None))
-            except (BrokenPipeError, OSError):
-                pass
-        deadline = time.monotonic() + 30
-        for p in self._procs:
-            p.join(max(deadline - time.monotonic(), 0.1))
+        self._ranks.close()
         self._finalizer()
 
     def __enter__(self) -> FSDPTrainer:

@@ -19,9 +19,11 @@ from miles_engine.trainer.protocol import TrainerBackend
 
 
 def create_trainer(model: Any, config: TrainerConfig | dict[str, Any] | None = None, *,
-                   world_size: int | None = None, subprocess: bool | None = None) -> TrainerBackend:
+                   world_size: int | None = None, subprocess: bool | None = None,
+                   ranks: Any = None) -> TrainerBackend:
     """``subprocess`` (torch backend): force rank processes even for one rank (default: only for
-    more than one)."""
+    more than one). ``ranks``: where rank processes run (see :class:`FSDPTrainer`; Ray actors
+    under ``placement.backend=ray``); implies rank processes."""
     cfg = TrainerConfig.load(config)
     world = world_size or cfg.parallel.world_size
     if cfg.backend == "megatron":
@@ -29,11 +31,11 @@ def create_trainer(model: Any, config: TrainerConfig | dict[str, Any] | None = N
             raise ConfigError("trainer.backend=megatron needs megatron-core: pip install 'miles-engine[megatron]'")
         from miles_engine.trainer.megatron.proxy import MegatronTrainerProxy
 
-        return MegatronTrainerProxy(model, cfg, world_size=world)
-    if world > 1 or subprocess:
+        return MegatronTrainerProxy(model, cfg, world_size=world, ranks=ranks)
+    if world > 1 or subprocess or ranks is not None:
         from miles_engine.trainer.distributed import FSDPTrainer
 
-        return FSDPTrainer(model, cfg, world_size=world)
+        return FSDPTrainer(model, cfg, world_size=world, ranks=ranks)
     from miles_engine.trainer.torch_trainer import TorchTrainer
 
     return TorchTrainer(model, cfg)

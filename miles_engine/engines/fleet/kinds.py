@@ -31,6 +31,8 @@ class FleetContext:
     restore: Restore | None = None
     env: Mapping[str, str] | None = None
     true_on_policy: bool = False  # batch-invariant arithmetic, identical to the trainer's (trainer.true_on_policy)
+    # where a placeable kind's engine processes run (None: subprocesses of the driver; see EngineLauncher)
+    launcher: EngineLauncher | None = None
     _model_dir: Path | None = field(default=None, repr=False)
 
     def model_path(self) -> str:
@@ -51,8 +53,22 @@ class FleetContext:
         return str(self._model_dir)
 
 
+class EngineLauncher(Protocol):
+    """Places engine server processes elsewhere (``placement.backend=ray``: one Ray actor each)."""
+
+    def device(self, group: EngineGroupConfig, index: int) -> str:
+        """The device replica ``index`` of ``group`` uses where it is placed."""
+        ...
+
+    def process_factory(self, group_name: str, replica: int) -> Callable[..., Any]:
+        """A factory with :class:`~miles_engine.engines.launch.ServerProcess`'s signature."""
+        ...
+
+
 @runtime_checkable
 class EngineKind(Protocol):
+    """``placeable`` (optional, default False): its engines are server processes a launcher may place."""
+
     in_process: bool  # its engines live in the driver process (they can share tensors: colocated)
     transports: tuple[str, ...]  # the weight transports that can reach its engines
 

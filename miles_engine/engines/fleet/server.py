@@ -14,6 +14,7 @@ from miles_engine.engines.fleet.kinds import FleetContext
 
 class ServerKind:
     in_process = False
+    placeable = True
     transports = ("broadcast", "disk_delta")
 
     def __init__(self, options: ServerKindOptions) -> None:
@@ -23,7 +24,8 @@ class ServerKind:
         from miles_engine.engines.launch import server_command
 
         o = self.options
-        engine_options = {"device": group.replica_device(index), "max_batch_size": o.max_batch_size,
+        device = ctx.launcher.device(group, index) if ctx.launcher is not None else group.replica_device(index)
+        engine_options = {"device": device, "max_batch_size": o.max_batch_size,
                           "prompt_cache_tokens": o.prompt_cache_tokens, "seed": ctx.seed + index,
                           "true_on_policy": ctx.true_on_policy}
         return server_command(ctx.model_path(), engine_factory=o.engine_factory, dtype=group.dtype,
@@ -43,7 +45,8 @@ class ServerKind:
                 self.command(group, ctx, i), name=ename, state_dir=ctx.state_dir / ename, env=ctx.env,
                 start_timeout_s=o.start_timeout_s, max_restarts=o.max_restarts,
                 health_interval_s=o.health_interval_s, max_request_retries=o.max_request_retries,
-                restore=ctx.restore))
+                restore=ctx.restore,
+                process_factory=None if ctx.launcher is None else ctx.launcher.process_factory(name, i)))
         for engine in engines:
             stack.push_async_callback(engine.aclose)  # registered first: a failed start still stops the others
         await asyncio.gather(*(e.start() for e in engines))

@@ -65,7 +65,7 @@ class MegatronTrainerProxy(FSDPTrainer):
     rank_factory = staticmethod(make_rank)
 
     def __init__(self, model: Any, config: TrainerConfig | dict[str, Any] | None = None, *,
-                 world_size: int | None = None) -> None:
+                 world_size: int | None = None, ranks: Any = None) -> None:
         cfg = TrainerConfig.load(config)
         if cfg.backend != "megatron":
             raise ConfigError("MegatronTrainerProxy needs trainer.backend=megatron")
@@ -76,7 +76,7 @@ class MegatronTrainerProxy(FSDPTrainer):
 
         check_supported(cfg)
         self.tp, self.pp = m.tensor_parallel, m.pipeline_parallel
-        super().__init__(model, cfg, world_size=world)
+        super().__init__(model, cfg, world_size=world, ranks=ranks)
 
     def _dp_rank(self, rank: int) -> int:
         return (rank // self.tp) % self.dp

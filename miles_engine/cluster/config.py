@@ -1,0 +1,41 @@
+"""``placement.ray``: which cluster, and what each placed component asks of it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+
+class RayOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    address: str | None = Field(
+        None, description="a running cluster: 'auto' (the one `ray start --head` made on this machine) or the "
+        "HOST:PORT of its head (GCS); unset: a private one-node cluster for this run, on 127.0.0.1 only, "
+        "stopped at the end")
+    num_cpus: int | None = Field(None, ge=1, description="CPUs of the private cluster (default: this machine's)")
+    num_gpus: int | None = Field(None, ge=0, description="GPUs of the private cluster (default: detected)")
+    temp_dir: str | None = Field(None, description="the private cluster's session directory (default: a fresh "
+                                 "/tmp/miles-ray-*; unix socket paths under it must stay short)")
+    namespace: str = Field("miles", description="the Ray namespace of the run's actors")
+    dashboard: bool = Field(False, description="start Ray's dashboard with the private cluster")
+    engine_resources: dict[str, float] = Field(
+        default_factory=lambda: {"CPU": 1.0},
+        description="what one engine actor reserves (one placement-group bundle per engine); an engine group "
+        "on a cuda device adds GPU: 1")
+    trainer_resources: dict[str, float] = Field(
+        default_factory=lambda: {"CPU": 1.0},
+        description="what one trainer rank actor reserves (one bundle per rank); trainer.parallel.device=cuda "
+        "adds GPU: 1")
+    strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
+        "PACK", description="how each placement group's bundles spread over nodes")
+    connect_timeout_s: float = Field(60.0, gt=0, description="joining the cluster and reserving resources")
+
+    @field_validator("engine_resources", "trainer_resources")
+    @classmethod
+    def _non_negative(cls, v: dict[str, float]) -> dict[str, float]:
+        bad = {k: x for k, x in v.items() if x < 0}
+        if bad:
+            raise ValueError(f"resource amounts must be >= 0, got {bad}")
+        return v

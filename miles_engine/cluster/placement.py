@@ -1,0 +1,108 @@
+"""``placement.backend=ray``: what the composition root asks of the cluster.
+
+    placement = await RayPlacement.start(cfg, kinds, stack)   # joined, resources checked
+    trainer   = create_trainer(policy, cfg.trainer, ranks=placement.trainer_ranks())
+    ctx       = FleetContext(..., launcher=placement)          # server engines as actors
+
+Every engine of a placeable kind (``server``) is an actor in its group's placement group (one
+bundle per engine, ``placement.ray.engine_resources``, +1 GPU on a cuda device); the trainer's
+``trainer.parallel.world_size`` ranks are actors in one placement group
+(``placement.ray.trainer_resources`` each). The driver loop, the router, the session server
+and the weight transports stay in the driver process; episodes run there too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Sequence
+from contextlib import AsyncExitStack
+from typing import Any
+
+from miles_engine.cluster.ray_cluster import Demand, RayCluster
+from miles_engine.errors import ConfigError
+
+
+def _check_placeable(cfg: Any, kinds: Sequence[Any]) -> None:
+    if cfg.placement.colocated:
+        raise ConfigError("placement.backend=ray runs the trainer ranks in Ray actors; placement.trainer=in_process "
+                          "keeps it in the driver process: use placement.trainer=subprocess")
+    for i, (group, kind) in enumerate(zip(cfg.engines, kinds)):
+        if kind.in_process:
+            raise ConfigError(f"placement.backend=ray places engines in Ray actors, but engines.{i}.kind="
+                              f"{group.kind!r} runs them in the driver process; use engines.{i}.kind=server "
+                              f"(our engine server, one actor per replica) with weights.transport=broadcast or "
+                              f"disk_delta")
+        if not getattr(kind, "placeable", False) and group.kind != "external":
+            raise ConfigError(f"placement.backend=ray cannot place engines.{i}.kind={group.kind!r} yet; launch "
+                              f"those servers yourself and list them with engines.{i}.kind=external, or use "
+                              f"engines.{i}.kind=server")
+
+
+def _with_gpu(resources: dict[str, float], device: str) -> dict[str, float]:
+    out = dict(resources)
+    if device.startswith("cuda"):
+        out["GPU"] = max(out.get("GPU", 0.0), 1.0)
+    return out
+
+
+class RayPlacement:
+    def __init__(self, cfg: Any, kinds: Sequence[Any], run_name: str = "miles") -> None:
+        from miles_engine.engines.fleet.build import group_names
+
+        self.cfg = cfg
+        self.options = cfg.placement.ray
+        self.cluster = RayCluster(self.options, prefix=f"miles-{run_name}")
+        self.groups = {name: group for name, group, kind in zip(group_names(cfg.engines), cfg.engines, kinds)
+                       if getattr(kind, "placeable", False)}
+        self._bundles: dict[str, Any] = {}
+
+    @classmethod
+    async def start(cls, cfg: Any, kinds: Sequence[Any], stack: AsyncExitStack, run_name: str = "miles") -> RayPlacement:
+        _check_placeable(cfg, kinds)
+        self = cls(cfg, kinds, run_name)
+        await asyncio.to_thread(self.cluster.connect)
+        stack.push_async_callback(asyncio.to_thread, self.cluster.shutdown)
+        self.cluster.check_resources(self.demands())
+        for name, group in self.groups.items():  # reserve now: a cluster that cannot hold them fails before any start
+            pg = await asyncio.to_thread(self.cluster.placement_group, [self.engine_resources(group)] * group.replicas,
+                                         f"{self.cluster.prefix}-engines-{name}")
+            self._bundles[name] = pg
+        return self
+
+    def engine_resources(self, group: Any) -> dict[str, float]:
+        return _with_gpu(self.options.engine_resources, group.device)
+
+    def trainer_resources(self) -> dict[str, float]:
+        return _with_gpu(self.options.trainer_resources, self.cfg.trainer.parallel.device)
+
+    def demands(self) -> list[Demand]:
+        out = [Demand(f"engines.{i} ({g.kind}, {g.replicas} replica(s))", self.engine_resources(g), g.replicas)
+               for i, g in enumerate(self.cfg.engines) if g in self.groups.values()]
+        world = self.cfg.trainer.parallel.world_size
+        out.append(Demand(f"the trainer (trainer.parallel.world_size={world} rank(s))", self.trainer_resources(), world))
+        return out
+
+    # ------------------------------------------------------------------ the trainer
+    def trainer_ranks(self) -> Callable[..., Any]:
+        from miles_engine.cluster.trainer_ranks import RayRanks
+
+        return functools.partial(RayRanks, cluster=self.cluster, resources=self.trainer_resources())
+
+    # ------------------------------------------------------------------ EngineLauncher
+    def device(self, group: Any, index: int) -> str:
+        return "cuda" if group.device.startswith("cuda") else group.device  # an actor sees its own GPU only
+
+    def process_factory(self, group_name: str, replica: int) -> Callable[..., Any]:
+        from miles_engine.cluster.engine_actor import RayServerProcess
+
+        group = self.groups[group_name]
+        return functools.partial(RayServerProcess, cluster=self.cluster, bundle=(self._bundles[group_name], replica),
+                                 resources=self.engine_resources(group))
+
+    def driver_address(self) -> str:
+        """The address engine actors reach the driver at (the broadcast group's rendezvous)."""
+        return str(self.cluster.ray.util.get_node_ip_address())
+
+    def metrics(self) -> dict[str, float]:
+        return self.cluster.metrics()
