@@ -3,8 +3,9 @@ every resource the recipe asks for checked before anything starts, every actor a
 group the run made removed at the end.
 
 Ray binds the machine's own address (and ``::``) even when told ``127.0.0.1``; with
-``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` in the environment of the processes it starts (set here
-before Ray is imported) a private cluster listens on 127.0.0.1 only.
+``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (in the environment of the processes it starts and in
+this process's Ray constants) a private cluster listens on 127.0.0.1 only. A joined cluster is
+left as it is configured: its nodes must reach each other on real addresses.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections import defaultdict
@@ -29,7 +31,6 @@ LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 def import_ray() -> Any:
-    os.environ.update({k: v for k, v in LOOPBACK_ENV.items() if k not in os.environ})
     try:
         import ray
     except ImportError as exc:
@@ -67,11 +68,13 @@ class RayCluster:
         common = dict(namespace=o.namespace, log_to_driver=False, logging_level=logging.WARNING,
                       configure_logging=True)
         if o.address is None:
+            _loopback_only(ray)
             self._temp_dir = o.temp_dir or tempfile.mkdtemp(prefix="miles-ray-", dir="/tmp")
             ray.init(num_cpus=o.num_cpus, num_gpus=o.num_gpus, include_dashboard=o.dashboard,
                      _node_ip_address="127.0.0.1", _temp_dir=self._temp_dir, **common)
             self.started_here = True
         else:
+            self._probe(o.address)  # Ray itself retries a dead address for minutes
             try:
                 ray.init(address=o.address, **common)
             except Exception as exc:  # noqa: BLE001 - Ray raises ConnectionError, ValueError, RuntimeError…
@@ -80,6 +83,30 @@ class RayCluster:
                                   f"start one with `ray start --head`, or unset placement.ray.address for a "
                                   f"private one-node cluster") from exc
         return self
+
+    def _probe(self, address: str) -> None:
+        """Fail within ``connect_timeout_s`` (one error naming the address) when nothing listens there."""
+        from ray._private.services import canonicalize_bootstrap_address
+
+        where = f"placement.ray.address={address!r}"
+        hint = "start one with `ray start --head`, or unset placement.ray.address for a private one-node cluster"
+        try:
+            target = canonicalize_bootstrap_address(address.removeprefix("ray://"))
+        except Exception as exc:  # noqa: BLE001 - a malformed address or no running cluster for "auto"
+            raise ConfigError(f"{where}: {type(exc).__name__}: {exc}; {hint}") from None
+        if target is None:
+            raise ConfigError(f"{where}: no running Ray cluster was found on this machine; {hint}")
+        host, _, port = target.rpartition(":")
+        deadline = time.monotonic() + self.options.connect_timeout_s
+        while True:
+            try:
+                with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+                    return
+            except (OSError, ValueError) as exc:
+                if time.monotonic() > deadline:
+                    raise ConfigError(f"{where}: nothing answers at {target} within "
+                                      f"{self.options.connect_timeout_s:g} s ({exc}); {hint}") from None
+            time.sleep(0.5)
 
     def check_resources(self, demands: Sequence[Demand]) -> None:
         """One error naming the component and the resource when the cluster cannot hold them all."""
@@ -110,6 +137,14 @@ class RayCluster:
             raise MilesError(f"Ray could not reserve {bundles} for {name} within "
                              f"{self.options.connect_timeout_s:g} s (placement.ray.connect_timeout_s)")
         return pg
+
+    def remove_group(self, pg: Any) -> None:
+        from ray.util.placement_group import remove_placement_group
+
+        if pg in self._groups:
+            self._groups.remove(pg)
+            with contextlib.suppress(Exception):
+                remove_placement_group(pg)
 
     def track(self, actor: Any) -> Any:
         self._actors.append(actor)
@@ -146,6 +181,15 @@ class RayCluster:
             while time.monotonic() < deadline and _session_processes_alive(self._temp_dir):
                 time.sleep(0.2)
             shutil.rmtree(self._temp_dir, ignore_errors=True)
+
+
+def _loopback_only(ray: Any) -> None:
+    """Keep a private cluster on 127.0.0.1: the processes Ray starts read the variable, and this
+    process's Ray read it at import (possibly before this ran), so its constant is set too."""
+    os.environ.update(LOOPBACK_ENV)
+    from ray._private import ray_constants
+
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def _session_processes_alive(temp_dir: str) -> bool:

@@ -99,3 +99,4 @@ class RayRanks:
             with contextlib.suppress(Exception):
                 ray.kill(actor, no_restart=True)
             self.cluster.forget(actor)
+        self.cluster.remove_group(self.group)

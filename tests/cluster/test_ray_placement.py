@@ -1,0 +1,134 @@
+"""``placement.backend=ray`` against real Ray clusters on loopback: a bad address, a recipe that
+asks for more than the cluster has and engines that cannot be placed each give one error
+before anything starts; a cluster started with ``ray start --head`` is joined, used and left
+with nothing of the run's in it."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.train.test_recipe_errors import build_error
+
+ray = pytest.importorskip("ray")
+psutil = pytest.importorskip("psutil")
+
+FLEET = ["engines=[{kind: server, replicas: 2}]", "weights.transport=broadcast", "placement.backend=ray"]
+
+
+def test_engines_in_the_driver_process_cannot_be_placed(tmp_path: Path) -> None:
+    msg = build_error(tmp_path, ["placement.backend=ray"])  # tiny-terminal's embedded engine
+    assert "engines.0.kind='embedded'" in msg and "engines.0.kind=server" in msg
+    assert not ray.is_initialized()  # refused before joining any cluster
+
+
+def test_an_address_where_no_cluster_answers_is_one_error(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # nothing listens on it once closed
+    msg = build_error(tmp_path, [*FLEET, f"placement.ray.address=127.0.0.1:{port}",
+                                 "placement.ray.connect_timeout_s=2"])
+    assert f"placement.ray.address='127.0.0.1:{port}'" in msg and "nothing answers" in msg
+    assert not (tmp_path / "run" / "engines").exists()
+
+
+def test_more_than_the_cluster_has_names_the_component_and_resource(tmp_path: Path) -> None:
+    temp = Path(f"/tmp/mr-{os.getpid()}")
+    msg = build_error(tmp_path, ["engines=[{kind: server, replicas: 3}]", "weights.transport=broadcast",
+                                 "placement.backend=ray", "placement.ray.num_cpus=2", f"placement.ray.temp_dir={temp}"])
+    assert "engines.0 (server, 3 replica(s)) asks for CPU: 1 x 3" in msg and "has 2 CPU" in msg, msg
+    assert not (tmp_path / "run" / "engines" / "server-0").exists()  # no engine was started
+    assert not ray.is_initialized()
+    shutil.rmtree(temp, ignore_errors=True)
+
+
+def _listeners_off_loopback(pids: list[int]) -> list[str]:
+    import ipaddress
+
+    bad = []
+    for pid in pids:
+        try:
+            for conn in psutil.Process(pid).net_connections(kind="inet"):
+                if conn.status != psutil.CONN_LISTEN:
+                    continue
+                addr = ipaddress.ip_address(conn.laddr.ip)
+                addr = getattr(addr, "ipv4_mapped", None) or addr
+                if not addr.is_loopback:
+                    bad.append(f"pid {pid} on {conn.laddr.ip}:{conn.laddr.port}")
+        except psutil.Error:
+            continue
+    return bad
+
+
+JOIN = r"""
+import json, sys
+from miles_engine.cluster.config import RayOptions
+from miles_engine.cluster.ray_cluster import RayCluster
+from miles_engine.cluster.trainer_ranks import RankHost
+
+cluster = RayCluster(RayOptions(address=sys.argv[1], namespace="miles-test"), prefix="miles-joined").connect()
+ray = cluster.ray
+pg = cluster.placement_group([{"CPU": 1}], name="miles-joined-trainer")
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+actor = cluster.track(ray.remote(RankHost).options(name="miles-joined-trainer-rank0", num_cpus=1,
+    scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=0)).remote())
+host, port = ray.get(actor.rendezvous.remote(), timeout=60)
+print(json.dumps({"named": sorted(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)),
+                  "host": host, "metrics": cluster.metrics()}), flush=True)
+cluster.shutdown()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_a_running_cluster_is_joined_and_left_clean(tmp_path: Path) -> None:
+    """``ray start --head`` on loopback (2 CPUs); the run places a rank actor there and leaves."""
+    temp = Path(f"/tmp/rh-{os.getpid()}")
+    env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ray_cli = str(Path(sys.executable).with_name("ray"))
+    start = subprocess.run([ray_cli, "start", "--head", f"--port={port}", "--node-ip-address=127.0.0.1",
+                            "--num-cpus=2", "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats"],
+                           capture_output=True, text=True, env=env, timeout=120)
+    try:
+        assert start.returncode == 0, start.stdout[-2000:] + start.stderr[-2000:]
+        head = [p.pid for p in psutil.process_iter(["cmdline"]) if str(temp) in " ".join(p.info["cmdline"] or ())]
+        assert head and not _listeners_off_loopback(head)
+        joined = subprocess.run([sys.executable, "-c", JOIN, f"127.0.0.1:{port}"], capture_output=True, text=True,
+                                env=env, timeout=180)
+        assert joined.returncode == 0, joined.stdout[-2000:] + joined.stderr[-3000:]
+        seen = json.loads(joined.stdout.strip().splitlines()[-1])
+        assert "miles-joined-trainer-rank0" in seen["named"] and seen["host"] == "127.0.0.1"
+        assert seen["metrics"]["ray/actors"] == 1 and seen["metrics"]["ray/placement_groups"] == 1
+        check = subprocess.run([sys.executable, "-c",
+                                "import ray, json, sys, time\n"
+                                "ray.init(address=sys.argv[1], log_to_driver=False)\n"
+                                "deadline = time.time() + 30\n"
+                                "while True:\n"
+                                "    names = [a['name'] for a in ray.util.list_named_actors(all_namespaces=True)]\n"
+                                "    pgs = [p for p in ray.util.placement_group_table().values() if p['state'] != 'REMOVED']\n"
+                                "    if not (names or pgs) or time.time() > deadline: break\n"
+                                "    time.sleep(0.5)\n"
+                                "print(json.dumps({'names': names, 'pgs': len(pgs)}))",
+                                f"127.0.0.1:{port}"], capture_output=True, text=True, env=env, timeout=120)
+        assert check.returncode == 0, check.stderr[-2000:]
+        assert json.loads(check.stdout.strip().splitlines()[-1]) == {"names": [], "pgs": 0}  # nothing of ours stays
+    finally:  # stop this head only (`ray stop` would stop every Ray of the machine)
+        head = [p for p in psutil.process_iter(["cmdline"]) if str(temp) in " ".join(p.info["cmdline"] or ())]
+        for proc in head:
+            with contextlib.suppress(psutil.Error):
+                proc.terminate()
+        _, alive = psutil.wait_procs(head, timeout=20)
+        for proc in alive:
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        shutil.rmtree(temp, ignore_errors=True)

@@ -1,0 +1,86 @@
+"""Shared by the fleet and Ray end-to-end tests: a warm tiny-terminal run directory resumed
+with another fleet / placement for 30 RL steps, and the checks that it learned and that every
+group is accounted for."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+MILES = [sys.executable, "-m", "miles_engine.cli.main", "train"]
+FLEET = ["engines=[{kind: server, replicas: 2}]", "run.max_minutes=null", "metrics.progress=false",
+         "fleet.health_interval_s=0.5"]
+
+
+def moving_average(values: list[float], k: int = 3) -> list[float]:
+    return [statistics.fmean(values[i:i + k]) for i in range(len(values) - k + 1)]
+
+
+def train_cli(args: list[str], timeout: float = 540) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([*MILES, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def metric_rows(run: Path, kind: str = "train") -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == kind]
+
+
+def make_warm_run(out: Path) -> Path:
+    """The recipe's SFT warm start, then one RL step on its embedded engine: a resumable run dir."""
+    proc = train_cli(["tiny-terminal", "run.steps=1", "run.max_minutes=null", "metrics.progress=false",
+                   f"run.out_dir={out}", "run.name=warm"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out / "warm"
+
+
+def resume_with(warm: Path, dest: Path, overrides: list[str], *, while_running=None) -> Path:
+    shutil.copytree(warm, dest)
+    if while_running is None:
+        proc = train_cli(["--resume", str(dest), *FLEET, "run.steps=31", *overrides])
+    else:
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        child = subprocess.Popen([*MILES, "--resume", str(dest), *FLEET, "run.steps=31", *overrides],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        watcher = threading.Thread(target=while_running, args=(dest,), daemon=True)
+        watcher.start()
+        out, _ = child.communicate(timeout=540)
+        watcher.join(timeout=60)
+        proc = subprocess.CompletedProcess(child.args, child.returncode, out, "")
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return dest
+
+
+def assert_learns(run: Path) -> list[dict]:
+    train = [r for r in metric_rows(run) if r["step"] > 1]  # the RL steps on the fleet
+    assert len(train) == 30
+    ma = moving_average([r["reward/mean"] for r in train])
+    assert max(ma) - ma[0] >= 0.3, f"3-step moving average did not rise by 0.3 on the fleet: {ma}"
+    assert all(r["engines/healthy"] == 2 or r["engines/restarts"] > 0 for r in train)
+    # the router spread the episodes over both engine processes
+    assert sum(r["engines/server-0/requests"] for r in train) > 0 < sum(r["engines/server-1/requests"] for r in train)
+    assert all(r["weights/engines"] == 2 for r in train)
+    assert max(r["weights/version"] for r in train) > train[0]["weights/version"]
+    return train
+
+
+def assert_accounted(run: Path, train: list[dict]) -> None:
+    """Every submitted group is trained exactly once, filtered/dropped (counted), or still running."""
+    last = train[-1]
+    consumed = [json.loads(line) for line in (run / "consumed.jsonl").read_text().splitlines()]
+    ids = [g for row in consumed for g in row["groups"]]
+    assert len(ids) == len(set(ids)), "a group was trained twice"
+    s = {k.removeprefix("scheduler/"): v for k, v in last.items() if k.startswith("scheduler/")}
+    b = {k.removeprefix("buffer/"): v for k, v in last.items() if k.startswith("buffer/")}
+    ended = s.get("groups_put", 0) + s.get("groups_filtered", 0) + s.get("groups_cancelled", 0) \
+        + s.get("groups_discarded_closed", 0)
+    assert s["submitted_groups"] == ended + b["running_groups"], (s, b)
+    assert b["groups_put"] + b["groups_restored"] == b["groups_taken"] + b["groups_evicted"] + b["queue_size"], b
+
+

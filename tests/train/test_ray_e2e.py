@@ -1,0 +1,146 @@
+"""tiny-terminal with ``placement.backend=ray`` on a private one-node cluster (2 CPUs, loopback
+only): two ``server`` engines and the trainer rank are Ray actors; weights are broadcast (gloo)
+and checked tensor by tensor after every push. Mid-run one engine actor is SIGKILLed: a fresh
+actor takes its bundle with the current weights, and every group is accounted for. While it
+runs, every listening socket of the run's processes (driver, Ray's head, the actors, the
+engine servers) is on loopback; afterwards none of those processes remains.
+
+Resumes the session's warm run (tests/train/conftest.py) for 30 RL steps; bounded by steps.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.train.fleet_helpers import FLEET, MILES, assert_accounted, assert_learns, metric_rows
+
+psutil = pytest.importorskip("psutil")
+pytest.importorskip("ray")  # the `ray` extra; ./dev.sh test installs it
+
+RAY = ["placement.backend=ray", "placement.ray.num_cpus=2", "placement.ray.engine_resources={CPU: 0.5}",
+       "placement.ray.trainer_resources={CPU: 1}", "weights.transport=broadcast", "weights.check_update_equal=true"]
+
+
+def _loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    if isinstance(addr, ipaddress.IPv6Address) and addr.ipv4_mapped is not None:
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+class RunWatcher:
+    """Follows the driver's process tree: listening sockets, the engine actor to kill, every pid seen."""
+
+    def __init__(self, driver: subprocess.Popen[str], run: Path) -> None:
+        self.driver, self.run = psutil.Process(driver.pid), run
+        self.seen: dict[int, float] = {}  # pid -> create_time (pids are reused)
+        self.exposed: list[str] = []
+        self.killed: list[int] = []
+
+    def tree(self) -> list[Any]:
+        try:
+            return [self.driver, *self.driver.children(recursive=True)]
+        except psutil.Error:
+            return []
+
+    def scan(self) -> None:
+        for proc in self.tree():
+            try:
+                self.seen.setdefault(proc.pid, proc.create_time())
+                for conn in proc.net_connections(kind="inet"):
+                    if conn.status == psutil.CONN_LISTEN and not _loopback(conn.laddr.ip):
+                        self.exposed.append(f"{proc.name()} (pid {proc.pid}) listens on {conn.laddr.ip}:{conn.laddr.port}")
+            except psutil.Error:
+                continue
+
+    def engine_actor(self, name: str) -> Any:
+        """The Ray actor process whose engine server logs to engines/NAME/server.log."""
+        log = str(self.run / "engines" / name / "server.log")
+        for proc in self.tree():
+            try:
+                if any(f.path == log for f in proc.open_files()) and "http.server" in " ".join(proc.cmdline()):
+                    return proc.parent()
+            except psutil.Error:
+                continue
+        return None
+
+    def __call__(self, stop: threading.Event) -> None:
+        deadline = time.monotonic() + 500
+        while not stop.is_set() and time.monotonic() < deadline:
+            self.scan()
+            if not self.killed:
+                rows = metric_rows(self.run) if (self.run / "metrics.jsonl").exists() else []
+                actor = self.engine_actor("server-0")
+                if actor is not None and any(r["step"] >= 5 for r in rows):
+                    actor.send_signal(signal.SIGKILL)
+                    self.killed.append(actor.pid)
+            time.sleep(0.5)
+
+    def survivors(self) -> list[str]:
+        left = []
+        for pid, created in self.seen.items():
+            try:
+                proc = psutil.Process(pid)
+                if proc.create_time() == created and proc.status() != psutil.STATUS_ZOMBIE:
+                    left.append(f"{proc.name()} (pid {pid})")
+            except psutil.Error:
+                continue
+        return left
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_ray_placement_learns_and_survives_an_engine_actor_kill(warm_run: Path, tmp_path: Path) -> None:
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(warm_run, run)
+    temp = tmp_path / "ray"  # Ray's session dir under the test's tmp path (socket paths stay < 108 chars)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    driver = subprocess.Popen([*MILES, "--resume", str(run), *FLEET, "run.steps=31", *RAY,
+                               f"placement.ray.temp_dir={temp}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    watcher, stop = RunWatcher(driver, run), threading.Event()
+    thread = threading.Thread(target=watcher, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        out, _ = driver.communicate(timeout=600)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        if driver.poll() is None:
+            driver.kill()
+    assert driver.returncode == 0, out[-4000:]
+    assert watcher.killed, "the engine actor was never found to kill"
+    assert not watcher.exposed, watcher.exposed
+    assert len(watcher.seen) >= 5  # driver, Ray's head processes, the actors, the engine servers
+
+    train = assert_learns(run)
+    assert_accounted(run, train)
+    last = train[-1]
+    assert last["engines/server-0/restarts"] >= 1 and last["ray/restarts/server-0"] >= 1
+    assert last["ray/actors"] == 3 and last["ray/placement_groups"] == 2  # 2 engines + 1 trainer rank
+    after = [r for r in train if r["engines/server-0/restarts"] >= 1]
+    assert after and all(r["weights/tensors_checked"] > 0 and r["weights/engines"] == 2 for r in after[1:])
+    assert sum(r["engines/server-0/requests"] for r in after) > 0  # the replacement actor served
+
+    deadline = time.monotonic() + 30
+    while watcher.survivors() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not watcher.survivors(), f"left running after the run: {watcher.survivors()}"
+
+
+def test_a_local_run_never_imports_ray() -> None:
+    """Ray is imported by the Ray placement only (core imports stay light)."""
+    code = "import miles_engine.train.compose, sys; print('ray' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
