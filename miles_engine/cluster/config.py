@@ -7,6 +7,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
+MAX_TEMP_DIR = 42
+
+
 class RayOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -31,6 +34,16 @@ class RayOptions(BaseModel):
     strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="how each placement group's bundles spread over nodes")
     connect_timeout_s: float = Field(60.0, gt=0, description="joining the cluster and reserving resources")
+
+    @field_validator("temp_dir")
+    @classmethod
+    def _short_enough(cls, v: str | None) -> str | None:
+        # Ray puts unix sockets at TEMP/session_<date>_<time>_<us>_<pid>/sockets/plasma_store (AF_UNIX: 107 bytes)
+        if v is not None and len(v) > MAX_TEMP_DIR:
+            raise ValueError(f"placement.ray.temp_dir is {len(v)} characters long ({v}); Ray's unix sockets live "
+                             f"~64 characters below it and such paths are limited to 107 bytes: use a path of at "
+                             f"most {MAX_TEMP_DIR} characters")
+        return v
 
     @field_validator("engine_resources", "trainer_resources")
     @classmethod

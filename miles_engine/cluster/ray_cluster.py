@@ -84,6 +84,11 @@ class RayCluster:
                                   f"private one-node cluster") from exc
         return self
 
+    @property
+    def temp_dir(self) -> str | None:
+        """A private cluster's session directory (on this machine)."""
+        return self._temp_dir
+
     def _probe(self, address: str) -> None:
         """Fail within ``connect_timeout_s`` (one error naming the address) when nothing listens there."""
         from ray._private.services import canonicalize_bootstrap_address

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -56,9 +57,12 @@ class RayRanks:
                 scheduling_strategy=PlacementGroupSchedulingStrategy(self.group, placement_group_bundle_index=r),
             ).remote()) for r in range(world)
         ]
-        host, port = ray.get(self.actors[0].rendezvous.remote(), timeout=cluster.options.connect_timeout_s)
+        if cluster.started_here:  # one machine: a file store, no listening socket
+            init = f"file://{cluster.temp_dir}/trainer-store-{uuid.uuid4().hex[:8]}"
+        else:  # rank 0's node and a port free there (its TCPStore listens on every interface)
+            host, port = ray.get(self.actors[0].rendezvous.remote(), timeout=cluster.options.connect_timeout_s)
+            init = f"tcp://{host}:{port}"
         model_ref = ray.put(model)
-        init = f"tcp://{host}:{port}"
         self._refs = [a.init.remote(r, world, init, model_ref, config, make) for r, a in enumerate(self.actors)]
 
     def send(self, cmd: str, args: Sequence[Any]) -> None:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import signal
-import socket
+import tempfile
 import time
 import traceback
 import weakref
@@ -46,12 +47,6 @@ def _loads(data: bytes) -> Any:
     return torch.load(io.BytesIO(data), weights_only=False)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class RankWorker:
     """One rank: joins the process group, builds its trainer and answers commands. A pipe-fed
     process (:func:`_rank_main`) or a Ray actor drives it; ``make(model, cfg, device)``: another
@@ -77,8 +72,16 @@ class RankWorker:
             device, backend = torch.device("cuda", torch.cuda.current_device()), "nccl"
         else:
             device, backend = torch.device("cpu"), "gloo"
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=cfg.parallel.step_timeout_s or 1800))
+        timeout = timedelta(seconds=cfg.parallel.step_timeout_s or 1800)
+        if init_method.startswith("tcp://"):  # rank 0's store listens on its host only (see master_store)
+            from miles_engine.weights.dist import master_store
+
+            host, _, port = init_method.removeprefix("tcp://").rpartition(":")
+            store = (master_store(host.strip("[]"), world, timeout.total_seconds(), int(port)) if rank == 0 else
+                     dist.TCPStore(host.strip("[]"), int(port), world, is_master=False, timeout=timeout))
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        else:
+            dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout)
         self.rank = rank
         self.trainer = make(model, cfg, device) if make else TorchTrainer(model, cfg, device=device, comm=FSDP2(device))
 
@@ -162,7 +165,9 @@ class PipeRanks:
         import torch.multiprocessing as mp
 
         ctx = mp.get_context("spawn")
-        init = f"tcp://127.0.0.1:{_free_port()}"
+        # a file store: no listening socket (a TCPStore listens on every interface, whatever its host)
+        self.store_dir = tempfile.mkdtemp(prefix="miles-ranks-")
+        init = f"file://{self.store_dir}/store"
         self.conns, self.procs = [], []
         for rank in range(world):
             parent, child = ctx.Pipe()
@@ -213,6 +218,7 @@ class PipeRanks:
 
     def stop(self) -> None:
         _stop(self.procs)
+        shutil.rmtree(self.store_dir, ignore_errors=True)
 
 
 class FSDPTrainer:

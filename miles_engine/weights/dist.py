@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import datetime
 import ipaddress
+import socket
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -38,9 +39,24 @@ def comm_device(backend: str) -> torch.device:
 
 
 def master_store(master_address: str, world_size: int, timeout_s: float, port: int = 0) -> dist.TCPStore:
-    """The rank-0 store; returns at once (workers connect later). ``store.port`` is the bound port."""
-    return dist.TCPStore(master_address, port, world_size, is_master=True, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=timeout_s))
+    """The rank-0 store, listening on ``master_address`` only; returns at once (workers connect
+    later). ``store.port`` is the bound port.
+
+    A ``TCPStore`` told a host still listens on every interface (``::``); this one is handed a
+    socket already bound to the address (``master_listen_fd``), so a loopback group stays on
+    loopback and a cluster's group on the node's own address."""
+    family = socket.AF_INET6 if ":" in master_address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((master_address, port))
+        sock.listen(1024)
+        bound = sock.getsockname()[1]
+    except OSError:
+        sock.close()
+        raise
+    return dist.TCPStore(master_address, bound, world_size, is_master=True, wait_for_workers=False,
+                         timeout=datetime.timedelta(seconds=timeout_s), master_listen_fd=sock.detach())
 
 
 def _is_loopback(address: str) -> bool:

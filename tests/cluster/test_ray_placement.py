@@ -132,3 +132,10 @@ def test_a_running_cluster_is_joined_and_left_clean(tmp_path: Path) -> None:
             with contextlib.suppress(psutil.Error):
                 proc.kill()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def test_a_temp_dir_too_long_for_rays_sockets_is_refused_at_load() -> None:
+    from tests.train.test_recipe_errors import load_error
+
+    msg = load_error(["placement.backend=ray", f"placement.ray.temp_dir=/tmp/{'x' * 40}"])
+    assert "placement.ray.temp_dir is 45 characters long" in msg and "at most 42" in msg

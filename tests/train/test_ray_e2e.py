@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -105,7 +106,7 @@ def test_ray_placement_learns_and_survives_an_engine_actor_kill(warm_run: Path, 
 
     run = tmp_path / "run"
     shutil.copytree(warm_run, run)
-    temp = tmp_path / "ray"  # Ray's session dir under the test's tmp path (socket paths stay < 108 chars)
+    temp = Path(tempfile.mkdtemp(prefix="mr-", dir="/tmp"))  # short: Ray's socket paths stay < 108 bytes
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     driver = subprocess.Popen([*MILES, "--resume", str(run), *FLEET, "run.steps=31", *RAY,
                                f"placement.ray.temp_dir={temp}"],
@@ -138,6 +139,7 @@ def test_ray_placement_learns_and_survives_an_engine_actor_kill(warm_run: Path, 
     while watcher.survivors() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not watcher.survivors(), f"left running after the run: {watcher.survivors()}"
+    shutil.rmtree(temp, ignore_errors=True)
 
 
 def test_a_local_run_never_imports_ray() -> None:
