@@ -101,6 +101,10 @@ class Router:
         self._paused: PauseMode | None = None
         self._health_task: asyncio.Task[None] | None = None
         self._admin = asyncio.Lock()
+        # held by a weight push from start to record (weights_held) and by a re-admission's
+        # restore: an engine re-admitted mid-push never loads the previous version over the new one.
+        # Order: _weights before _admin.
+        self._weights = asyncio.Lock()
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> Router:
@@ -224,10 +228,14 @@ class Router:
             else:
                 slot.ok_streak = 0
 
+    def weights_held(self) -> asyncio.Lock:
+        """``async with router.weights_held():`` around a push and the recording of what it pushed."""
+        return self._weights
+
     async def _readmit(self, slot: EngineSlot) -> None:
         from miles_engine.weights.protocol import engine_version
 
-        async with self._admin:
+        async with self._weights, self._admin:
             try:
                 current = await engine_version(slot.engine)  # asked, not a client's cache: it may have restarted
                 target = self._current_version()

@@ -81,8 +81,9 @@ class TrainingRun:
         t0 = time.perf_counter()
         tensors = await self.parts.trainer.named_tensors()
         crash_points.crash_point("weight_publish", self.current_step)
-        self.last_push = await self.parts.transport.push(tensors, self.version)
-        self.parts.trainer.record_push(tensors, self.last_push.version)
+        async with self.parts.engines.weights_held():  # no engine is re-admitted with older weights meanwhile
+            self.last_push = await self.parts.transport.push(tensors, self.version)
+            self.parts.trainer.record_push(tensors, self.last_push.version)
         self.timers["push"] = time.perf_counter() - t0
         return self.last_push.version
 

@@ -89,6 +89,32 @@ def test_quarantine_moves_sessions_and_readmits_at_current_version() -> None:
     asyncio.run(main())
 
 
+def test_readmission_during_a_push_waits_and_restores_what_the_push_recorded() -> None:
+    """A re-admission's restore must not load the previous version over a push in progress: it
+    waits for the push (and its record) and then restores the pushed weights."""
+    async def main() -> None:
+        engines = fakes(2)
+        pushed: dict[str, Any] = {"weights": {"head.bias": torch.zeros(64)}, "version": 0}
+
+        async def restore() -> tuple[dict[str, Any], int]:
+            return pushed["weights"], pushed["version"]
+
+        router = Router(engines, health_interval_s=0, fail_threshold=1, readmit_after=1, restore=restore)
+        engines[1].healthy = False
+        await router.check_health()  # e1 quarantined
+        engines[1].healthy = True
+        async with router.weights_held():  # a push to the admitted engine, then its record
+            await engines[0].update_weights({"head.bias": torch.ones(64)}, version=1)
+            readmit = asyncio.ensure_future(router.check_health())
+            await asyncio.sleep(0.05)
+            assert not readmit.done()  # waits for the push
+            pushed.update(weights={"head.bias": torch.ones(64)}, version=1)
+        await readmit
+        assert router.versions() == {"e0": 1, "e1": 1}
+        assert torch.equal(engines[1].weights()["head.bias"], torch.ones(64))
+    asyncio.run(main())
+
+
 def test_unavailable_engine_is_quarantined_at_once_and_all_down_is_clear() -> None:
     async def main() -> None:
         engines = fakes(2)
