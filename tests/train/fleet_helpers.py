@@ -57,7 +57,8 @@ def resume_with(warm: Path, dest: Path, overrides: list[str], *, while_running=N
     return dest
 
 
-def assert_learns(run: Path) -> list[dict]:
+def assert_learns(run: Path, *, restart_steps: int = 0) -> list[dict]:
+    """``restart_steps``: steps that may have pushed to one engine (the other was restarting)."""
     train = [r for r in metric_rows(run) if r["step"] > 1]  # the RL steps on the fleet
     assert len(train) == 30
     ma = moving_average([r["reward/mean"] for r in train])
@@ -65,7 +66,8 @@ def assert_learns(run: Path) -> list[dict]:
     assert all(r["engines/healthy"] == 2 or r["engines/restarts"] > 0 for r in train)
     # the router spread the episodes over both engine processes
     assert sum(r["engines/server-0/requests"] for r in train) > 0 < sum(r["engines/server-1/requests"] for r in train)
-    assert all(r["weights/engines"] == 2 for r in train)
+    assert sum(r["weights/engines"] != 2 for r in train) <= restart_steps
+    assert all(r["weights/engines"] == 2 or r["engines/restarts"] > 0 for r in train)
     assert max(r["weights/version"] for r in train) > train[0]["weights/version"]
     return train
 
