@@ -120,16 +120,17 @@ class RayCluster:
         for d in demands:
             for res, amount in d.resources.items():
                 need[res] += amount * d.bundles
+        shown = ", ".join(f"{k}: {v:g}" for k, v in sorted(total.items())
+                          if "_group_" not in k and not k.startswith("node:"))
         for d in demands:
             for res, amount in d.resources.items():
                 have = float(total.get(res, 0.0))
                 if amount * d.bundles > have or need[res] > have:
+                    key = "trainer_resources" if "trainer" in d.component else "engine_resources"
                     raise ConfigError(
                         f"{d.component} asks for {res}: {amount:g} x {d.bundles} bundle(s), and the run needs "
-                        f"{need[res]:g} {res} in all, but the Ray cluster has {have:g} {res} "
-                        f"({', '.join(f'{k}: {v:g}' for k, v in sorted(total.items()) if '_group_' not in k and not k.startswith('node:'))}); "
-                        f"lower placement.ray.{'trainer' if 'trainer' in d.component else 'engine'}_resources or "
-                        f"the replicas / ranks, or grow the cluster")
+                        f"{need[res]:g} {res} in all, but the Ray cluster has {have:g} {res} ({shown}); lower "
+                        f"placement.ray.{key} or the replicas / ranks, or grow the cluster")
 
     # ------------------------------------------------------------------ placing
     def placement_group(self, bundles: list[dict[str, float]], name: str) -> Any:

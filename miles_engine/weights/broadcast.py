@@ -249,7 +249,13 @@ class BroadcastTransport(TransportBase):
 
         before = fleet()
         try:
-            return await self._push(named_tensors, version)
+            stats = await self._push(named_tensors, version)
+            if isinstance(named_tensors, (list, tuple)) and await self._replaced_after(before, fleet, version):
+                # it took the push, then died: its replacement restored the previous push (not yet recorded)
+                log.warning("broadcast push of version %d: an engine process was replaced after it took the push; "
+                            "pushing again on a rebuilt group", version)
+                return await self._push(named_tensors, version)
+            return stats
         except WeightPushError as exc:
             if not isinstance(named_tensors, (list, tuple)):
                 raise
@@ -262,6 +268,18 @@ class BroadcastTransport(TransportBase):
             log.warning("broadcast push of version %d failed (%s); the fleet changed, retrying once on a rebuilt "
                         "group", version, exc)
             return await self._push(named_tensors, version)
+
+    async def _replaced_after(self, before: list[tuple[int, Any]], fleet: Any, version: int) -> bool:
+        """Whether a supervised engine's process was replaced since the push began, or now serves
+        another version (asked of the process, waiting out a restart in progress)."""
+        supervised = [e for e in engines_of(self.targets) if self._generation(e) is not None]
+        if not supervised:
+            return False
+        # refreshes each one's weight_version from its live process
+        await self._bounded(supervised, lambda e: e.fetch_weight_version(), "asking the engines their version",
+                            tolerate=True)
+        moved = [(i, g) for i, g in fleet()[1:] if (i, g) not in before[1:]]
+        return bool(moved) or any(int(e.weight_version) != version for e in supervised)
 
     async def _push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushStats:
         from miles_engine.weights.tensors import conform

@@ -121,6 +121,7 @@ def test_ray_placement_learns_and_survives_an_engine_actor_kill(warm_run: Path, 
         thread.join(timeout=30)
         if driver.poll() is None:
             driver.kill()
+    (run / "driver.log").write_text(out)
     assert driver.returncode == 0, out[-4000:]
     assert watcher.killed, "the engine actor was never found to kill"
     assert not watcher.exposed, watcher.exposed
@@ -146,3 +147,68 @@ def test_a_local_run_never_imports_ray() -> None:
     """Ray is imported by the Ray placement only (core imports stay light)."""
     code = "import miles_engine.train.compose, sys; print('ray' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_dead_trainer_rank_actor_stops_the_run_and_resume_trains_every_group_once(warm_run: Path,
+                                                                                  tmp_path: Path) -> None:
+    """The trainer rank's actor is SIGKILLed mid-run: the run stops with one error naming the rank,
+    nothing of Ray stays; ``--resume`` (here on the local placement: the backend may change)
+    finishes from the last checkpoint and no group is trained twice."""
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(warm_run, run)
+    temp = Path(tempfile.mkdtemp(prefix="mr-", dir="/tmp"))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    driver = subprocess.Popen([*MILES, "--resume", str(run), *FLEET, "run.steps=12", "run.checkpoint_every=2", *RAY,
+                               f"placement.ray.temp_dir={temp}"],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    watcher = RunWatcher(driver, run)
+    killed: list[int] = []
+
+    def kill_the_rank(stop: threading.Event) -> None:
+        deadline = time.monotonic() + 500
+        while not stop.is_set() and time.monotonic() < deadline:
+            watcher.scan()
+            rows = metric_rows(run) if (run / "metrics.jsonl").exists() else []
+            if any(r["step"] >= 4 for r in rows):
+                for proc in watcher.tree():
+                    try:
+                        if proc.name().startswith("ray::RankHost"):
+                            proc.send_signal(signal.SIGKILL)
+                            killed.append(proc.pid)
+                            return
+                    except psutil.Error:
+                        continue
+            time.sleep(0.3)
+
+    stop = threading.Event()
+    thread = threading.Thread(target=kill_the_rank, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        out, _ = driver.communicate(timeout=600)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        if driver.poll() is None:
+            driver.kill()
+    assert killed, "the trainer rank actor was never found to kill"
+    assert driver.returncode != 0, out[-3000:]
+    assert "trainer rank 0 (Ray actor) died" in out, out[-3000:]
+    deadline = time.monotonic() + 30
+    while watcher.survivors() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not watcher.survivors(), f"left running after the failed run: {watcher.survivors()}"
+    shutil.rmtree(temp, ignore_errors=True)
+
+    proc = subprocess.run([*MILES, "--resume", str(run), *FLEET, "run.steps=12", "weights.transport=broadcast"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    consumed = [json.loads(line) for line in (run / "consumed.jsonl").read_text().splitlines()]
+    ids = [g for row in consumed for g in row["groups"]]
+    assert len(ids) == len(set(ids)), "a group was trained twice"
+    steps = sorted({row["step"] for row in consumed})
+    assert steps == list(range(steps[0], 13)), steps  # every step from the warm run's to 12, once
