@@ -99,6 +99,21 @@ class RunWatcher:
         return left
 
 
+def finish_watched(driver: subprocess.Popen[str], watch: Any) -> str:
+    """The driver's output once it exits, ``watch(stop_event)`` running beside it meanwhile."""
+    stop = threading.Event()
+    thread = threading.Thread(target=watch, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        out, _ = driver.communicate(timeout=600)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+        if driver.poll() is None:
+            driver.kill()
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_ray_placement_learns_and_survives_an_engine_actor_kill(warm_run: Path, tmp_path: Path) -> None:
@@ -111,16 +126,8 @@ def test_ray_placement_learns_and_survives_an_engine_actor_kill(warm_run: Path, 
     driver = subprocess.Popen([*MILES, "--resume", str(run), *FLEET, "run.steps=31", *RAY,
                                f"placement.ray.temp_dir={temp}"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-    watcher, stop = RunWatcher(driver, run), threading.Event()
-    thread = threading.Thread(target=watcher, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        out, _ = driver.communicate(timeout=600)
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-        if driver.poll() is None:
-            driver.kill()
+    watcher = RunWatcher(driver, run)
+    out = finish_watched(driver, watcher)
     (run / "driver.log").write_text(out)
     assert driver.returncode == 0, out[-4000:]
     assert watcher.killed, "the engine actor was never found to kill"
@@ -185,16 +192,7 @@ def test_a_dead_trainer_rank_actor_stops_the_run_and_resume_trains_every_group_o
                         continue
             time.sleep(0.3)
 
-    stop = threading.Event()
-    thread = threading.Thread(target=kill_the_rank, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        out, _ = driver.communicate(timeout=600)
-    finally:
-        stop.set()
-        thread.join(timeout=30)
-        if driver.poll() is None:
-            driver.kill()
+    out = finish_watched(driver, kill_the_rank)
     assert killed, "the trainer rank actor was never found to kill"
     assert driver.returncode != 0, out[-3000:]
     assert "trainer rank 0 (Ray actor) died" in out, out[-3000:]
