@@ -58,6 +58,17 @@ def test_jsonl_parquet_and_save_to_disk_give_the_same_tasks(files, tmp_path):
     assert streamed == got[0]
 
 
+def test_seeded_shuffle_is_a_stable_permutation_also_when_streaming(files, tmp_path):
+    root, rows = files
+    ids = lambda src: [r.id for r in src.list_tasks()]  # noqa: E731
+    in_order = [r["task_id"] for r in rows]
+    shuffled = ids(source(root / "rows.jsonl", tmp_path, shuffle_seed=3))
+    assert sorted(shuffled) == sorted(in_order) and shuffled != in_order
+    assert ids(source(root / "rows.parquet", tmp_path, shuffle_seed=3, streaming=True)) == shuffled
+    assert ids(source(root / "rows.jsonl", tmp_path, shuffle_seed=4)) != shuffled
+    assert ids(source(root / "rows.jsonl", tmp_path, shuffle_seed=3, limit=7)) == shuffled[:7]
+
+
 def test_hash_split_is_disjoint_complete_and_stable(files, tmp_path):
     root, rows = files
     split = {"eval_fraction": 0.25, "seed": 7}
