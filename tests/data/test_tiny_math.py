@@ -33,7 +33,7 @@ def moving_average(values: list[float], k: int = 3) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_tiny_math_learns(tmp_path: Path) -> None:
-    train("tiny-math", *QUIET, f"environment.options.path={tmp_path / 'arithmetic.jsonl'}",
+    train("tiny-math", *QUIET, "run.steps=30", f"environment.options.path={tmp_path / 'arithmetic.jsonl'}",
           f"run.out_dir={tmp_path}", "run.name=math")
     run = tmp_path / "math"
     sft, steps = rows(run, "sft"), rows(run, "train")
@@ -41,7 +41,8 @@ def test_tiny_math_learns(tmp_path: Path) -> None:
     rewards = [r["reward/mean"] for r in steps]
     assert len(rewards) == 30, rewards
     ma = moving_average(rewards)
-    assert max(ma[-10:]) - ma[0] >= 0.15, f"3-step moving average did not rise by 0.15: {[round(x, 2) for x in ma]}"
+    # measured (seeds 0 and 1): 0.76 -> 0.95 and 0.58 -> 0.80 over 30 steps; half that rise is asked
+    assert max(ma[-10:]) - ma[0] >= 0.1, f"3-step moving average did not rise by 0.1: {[round(x, 2) for x in ma]}"
     assert all(r["rollout/failed"] == 0 for r in steps)
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert all(r["completion"] for r in samples)
