@@ -122,7 +122,8 @@ class Session:
         self.parse_cache: list[tuple[Any, Message]] = []
         self.responses: dict[str, list[Message]] = {}  # Responses API: response id -> its whole conversation
         self.wires: collections.Counter[str] = collections.Counter()  # committed turns per wire format
-        self.wire_history: dict[str, Any] = {}  # per wire format: its history translation cache
+        # Messages / Responses: (history translation cache, normalisation cache) of the last request
+        self.wire_history: dict[str, tuple[Any, list[tuple[Any, Message]]]] = {}
 
     # ---- matching ------------------------------------------------------------------------------
     def _match(self, node: Node, messages: list[Message], start: int) -> int | None:

@@ -60,7 +60,7 @@ async def _messages_history(codecs, monkeypatch):
             out = r.json()
             output_tokens += out["usage"]["output_tokens"]
             per_turn.append(len(calls))
-            first_ids.append(id(manager.get(sid).wire_history["messages"][0][1][0]))
+            first_ids.append(id(manager.get(sid).wire_history["messages"][0][0][1][0]))
             messages.append({"role": "assistant", "content": out["content"]})
             uses = [b for b in out["content"] if b["type"] == "tool_use"]
             if not uses:
