@@ -106,3 +106,18 @@ def test_check_harness_command_reports_per_session_and_turn_and_fails_on_a_broke
     bad = CliRunner().invoke(tito, ["check-harness", "echo giving up >&2; exit 3", "-n", "1", "--timeout", "30"])
     assert bad.exit_code == 1
     assert "harness custom exited with status 3" in bad.output and "giving up" in bad.output
+
+
+def test_a_sandbox_without_a_route_is_refused_naming_what_it_needs():
+    from miles_engine.tito.harness import _route
+
+    class Remote:
+        isolation = "container"
+
+    class Routable(Remote):
+        async def route_to_host(self, host: str, port: int) -> str:
+            return "http://127.0.0.1:1"
+
+    assert _route(Routable()) == "sandbox"
+    with pytest.raises(RuntimeError, match=r"cannot route Remote .*route_to_host\(host, port\)"):
+        _route(Remote())
