@@ -9,7 +9,6 @@ import copy
 import json
 from typing import Any
 
-import pytest
 
 from miles_engine.rollout.types import Group, Trajectory
 from miles_engine.tito import anthropic_api, responses_api
