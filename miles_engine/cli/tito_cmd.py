@@ -147,19 +147,22 @@ def serve(family: str, model: str | None, engine_urls: tuple[str, ...], replicas
 @click.option("--sessions", "-n", default=2, show_default=True, type=click.IntRange(1))
 @click.option("--family", default="qwen3", show_default=True, help="A Hermes tool-call family (qwen3, chatml).")
 @click.option("--timeout", "timeout_s", default=300.0, show_default=True, type=float)
+@click.option("--backend", type=click.Choice(["local", "docker"]), default="local", show_default=True,
+              help="Sandbox backend (docker: the engine on this host, image ubuntu:24.04 via its image map).")
 @click.option("--json", "as_json", is_flag=True)
-def check_harness_cmd(command: str, preset: str, sessions: int, family: str, timeout_s: float, as_json: bool) -> None:
-    """Drive a harness through N sessions (local sandbox, scripted policy: one shell tool call, then an
+def check_harness_cmd(command: str, preset: str, sessions: int, family: str, timeout_s: float, backend: str,
+                      as_json: bool) -> None:
+    """Drive a harness through N sessions (a sandbox, scripted policy: one shell tool call, then an
     answer) and report per session and turn: trajectories, forks, tokens, mismatches by type."""
     from miles_engine.tito.harness import default_harness_dir
     from miles_engine.tito.harness_check import check_harness
 
     if preset == "custom" and not command:
         raise click.UsageError("give COMMAND (a bash script) or --preset claude-code|codex")
-    opts = {"memory_mb": None, "ro_binds": {"/miles/harnesses": default_harness_dir()}} if preset != "custom" \
-        else {"memory_mb": None}
+    binds = {"ro_binds": {"/miles/harnesses": default_harness_dir()}} if preset != "custom" else {}
+    opts = {**binds, "memory_mb": None} if backend == "local" else binds
     out = asyncio.run(check_harness(command, sessions=sessions, preset=preset, family=family, timeout_s=timeout_s,
-                                    backend_options=opts))
+                                    backend=backend, backend_options=opts))
     if as_json:
         echo_json(out)
     else:

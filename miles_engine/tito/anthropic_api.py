@@ -76,100 +76,132 @@ def _tool_result_text(block: dict[str, Any], at: str) -> str:
     return "\n".join(parts)
 
 
-def to_chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """Anthropic ``system`` + ``messages`` → OpenAI chat messages (validated, with field paths
-    of the Anthropic request in every error)."""
-    out: list[dict[str, Any]] = []
+def _system(body: dict[str, Any]) -> list[dict[str, Any]]:
     system = body.get("system")
-    if system is not None:
-        blocks = _blocks(system, "system") if not isinstance(system, str) else None
-        if blocks is not None:
-            for j, block in enumerate(blocks):
-                if block["type"] != "text":
-                    raise BadRequest(f"system[{j}]: only text blocks are accepted in system, got {block['type']!r}",
-                                     param=f"system[{j}].type")
-            text = "\n\n".join(_text_of(b, f"system[{j}]") for j, b in enumerate(blocks))
-        else:
-            text = system
-        if text:
-            out.append({"role": "system", "content": text})
-    raw = body.get("messages")
-    if not isinstance(raw, list) or not raw:
-        raise BadRequest("'messages' must be a non-empty list", param="messages")
-    open_ids: set[str] = set()
-    for i, msg in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise BadRequest(f"{where} must be an object", param=where)
-        reject_token_fields(msg, where, {"role", "content"})
-        role = msg.get("role")
-        if role not in ("user", "assistant", "system"):
-            raise BadRequest(f"{where}.role must be 'user', 'assistant' or 'system', got {role!r}",
-                             param=f"{where}.role")
-        blocks = _blocks(msg.get("content"), where)
-        if role == "system":  # a mid-conversation system message (Claude Code sends them)
-            for j, block in enumerate(blocks):
-                if block["type"] != "text":
-                    raise BadRequest(f"{where}.content[{j}].type: a system message holds text blocks only, got "
-                                     f"{block['type']!r}", param=f"{where}.content[{j}].type")
-            out.append({"role": "system", "content": "\n\n".join(_text_of(b, f"{where}.content[{j}]")
-                                                                 for j, b in enumerate(blocks))})
-            continue
-        if role == "assistant":
-            texts, thinking, calls = [], [], []
-            for j, block in enumerate(blocks):
-                at, kind = f"{where}.content[{j}]", block["type"]
-                if kind == "text":
-                    texts.append(_text_of(block, at))
-                elif kind == "thinking":
-                    thinking.append(_text_of(block, at, "thinking"))
-                elif kind == "redacted_thinking":
-                    continue  # opaque: nothing of ours, nothing to render
-                elif kind == "tool_use":
-                    call_id, name, args = block.get("id"), block.get("name"), block.get("input", {})
-                    if not isinstance(call_id, str) or not call_id:
-                        raise BadRequest(f"{at}.id: a tool_use block needs the id the server returned",
-                                         param=f"{at}.id")
-                    if not isinstance(name, str) or not name:
-                        raise BadRequest(f"{at}.name: a tool_use block needs a name", param=f"{at}.name")
-                    if not isinstance(args, dict):
-                        raise BadRequest(f"{at}.input must be an object", param=f"{at}.input")
-                    calls.append({"id": call_id, "type": "function",
-                                  "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
-                else:
-                    raise BadRequest(f"{at}.type: unknown or unsupported assistant content block type {kind!r} "
-                                     "(accepted: text, thinking, redacted_thinking, tool_use)", param=f"{at}.type")
-            open_ids = {c["id"] for c in calls}
-            entry: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-            if thinking:
-                entry["reasoning_content"] = "".join(thinking)
-            if calls:
-                entry["tool_calls"] = calls
-            out.append(entry)
-            continue
-        results, texts = [], []
+    if system is None:
+        return []
+    if isinstance(system, str):
+        text = system
+    else:
+        blocks = _blocks(system, "system")
+        for j, block in enumerate(blocks):
+            if block["type"] != "text":
+                raise BadRequest(f"system[{j}]: only text blocks are accepted in system, got {block['type']!r}",
+                                 param=f"system[{j}].type")
+        text = "\n\n".join(_text_of(b, f"system[{j}]") for j, b in enumerate(blocks))
+    return [{"role": "system", "content": text}] if text else []
+
+
+def _translate(msg: Any, where: str, open_ids: frozenset[str]) -> tuple[list[dict[str, Any]], frozenset[str]]:
+    """One Anthropic message → its chat messages, and the tool_use ids open after it."""
+    if not isinstance(msg, dict):
+        raise BadRequest(f"{where} must be an object", param=where)
+    reject_token_fields(msg, where, {"role", "content"})
+    role = msg.get("role")
+    if role not in ("user", "assistant", "system"):
+        raise BadRequest(f"{where}.role must be 'user', 'assistant' or 'system', got {role!r}",
+                         param=f"{where}.role")
+    blocks = _blocks(msg.get("content"), where)
+    if role == "system":  # a mid-conversation system message (Claude Code sends them)
+        for j, block in enumerate(blocks):
+            if block["type"] != "text":
+                raise BadRequest(f"{where}.content[{j}].type: a system message holds text blocks only, got "
+                                 f"{block['type']!r}", param=f"{where}.content[{j}].type")
+        return [{"role": "system", "content": "\n\n".join(_text_of(b, f"{where}.content[{j}]")
+                                                           for j, b in enumerate(blocks))}], open_ids
+    if role == "assistant":
+        texts, thinking, calls = [], [], []
         for j, block in enumerate(blocks):
             at, kind = f"{where}.content[{j}]", block["type"]
             if kind == "text":
                 texts.append(_text_of(block, at))
-            elif kind == "tool_result":
-                call_id = block.get("tool_use_id")
-                if not isinstance(call_id, str) or call_id not in open_ids:
-                    raise BadRequest(
-                        f"{at}.tool_use_id: tool_result answers {call_id!r}, which is no tool_use id of the "
-                        f"preceding assistant message (its ids: {', '.join(sorted(open_ids)) or 'none'})",
-                        param=f"{at}.tool_use_id")
-                results.append({"role": "tool", "tool_call_id": call_id, "content": _tool_result_text(block, at)})
+            elif kind == "thinking":
+                thinking.append(_text_of(block, at, "thinking"))
+            elif kind == "redacted_thinking":
+                continue  # opaque: nothing of ours, nothing to render
+            elif kind == "tool_use":
+                call_id, name, args = block.get("id"), block.get("name"), block.get("input", {})
+                if not isinstance(call_id, str) or not call_id:
+                    raise BadRequest(f"{at}.id: a tool_use block needs the id the server returned",
+                                     param=f"{at}.id")
+                if not isinstance(name, str) or not name:
+                    raise BadRequest(f"{at}.name: a tool_use block needs a name", param=f"{at}.name")
+                if not isinstance(args, dict):
+                    raise BadRequest(f"{at}.input must be an object", param=f"{at}.input")
+                calls.append({"id": call_id, "type": "function",
+                              "function": {"name": name, "arguments": json.dumps(args, ensure_ascii=False)}})
             else:
-                raise BadRequest(f"{at}.type: unknown or unsupported user content block type {kind!r} "
-                                 "(accepted: text, tool_result)", param=f"{at}.type")
-        out.extend(results)
-        if texts or not results:
-            out.append({"role": "user", "content": "".join(texts)})
-    if out and out[-1]["role"] == "assistant":
+                raise BadRequest(f"{at}.type: unknown or unsupported assistant content block type {kind!r} "
+                                 "(accepted: text, thinking, redacted_thinking, tool_use)", param=f"{at}.type")
+        entry: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        if thinking:
+            entry["reasoning_content"] = "".join(thinking)
+        if calls:
+            entry["tool_calls"] = calls
+        return [entry], frozenset(c["id"] for c in calls)
+    results, texts = [], []
+    for j, block in enumerate(blocks):
+        at, kind = f"{where}.content[{j}]", block["type"]
+        if kind == "text":
+            texts.append(_text_of(block, at))
+        elif kind == "tool_result":
+            call_id = block.get("tool_use_id")
+            if not isinstance(call_id, str) or call_id not in open_ids:
+                raise BadRequest(
+                    f"{at}.tool_use_id: tool_result answers {call_id!r}, which is no tool_use id of the "
+                    f"preceding assistant message (its ids: {', '.join(sorted(open_ids)) or 'none'})",
+                    param=f"{at}.tool_use_id")
+            results.append({"role": "tool", "tool_call_id": call_id, "content": _tool_result_text(block, at)})
+        else:
+            raise BadRequest(f"{at}.type: unknown or unsupported user content block type {kind!r} "
+                             "(accepted: text, tool_result)", param=f"{at}.type")
+    if texts or not results:
+        results.append({"role": "user", "content": "".join(texts)})
+    return results, open_ids
+
+
+HistoryEntry = tuple[Any, list[dict[str, Any]], frozenset[str]]  # (message as sent, its chat messages, open ids)
+
+
+def to_chat_messages(body: dict[str, Any], history: list[HistoryEntry] | None = None
+                     ) -> tuple[list[dict[str, Any]], list[HistoryEntry]]:
+    """Anthropic ``system`` + ``messages`` → OpenAI chat messages (validated, with field paths
+    of the Anthropic request in every error), and the history entries to pass next turn.
+
+    ``history``: the entries of the session's previous request. A harness re-sends its whole
+    history each turn, so the longest prefix it re-sent is not translated again: a message
+    equal to the one sent before reuses its translation; one that differs only in how it is
+    serialised (Claude Code moves its ``cache_control`` marker to the newest message and sends
+    the one that had it as a plain string next turn) is translated, and when that translation
+    is the same, the prefix goes on. Reused translations are the same objects as last turn, so
+    the normalisation cache and the matcher see them unchanged.
+    """
+    out = _system(body)
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("'messages' must be a non-empty list", param="messages")
+    entries: list[HistoryEntry] = []
+    previous = history or []
+    reuse, open_ids = True, frozenset()
+    for i, msg in enumerate(raw):
+        where = f"messages[{i}]"
+        if reuse and i < len(previous):
+            sent, chat, ids = previous[i]
+            if msg is sent or msg == sent:
+                entries.append((msg, chat, ids))
+            else:
+                fresh, fresh_ids = _translate(msg, where, open_ids)
+                reuse = fresh == chat and fresh_ids == ids
+                entries.append((msg, chat, ids) if reuse else (msg, fresh, fresh_ids))
+        else:
+            reuse = False
+            entries.append((msg, *_translate(msg, where, open_ids)))
+        open_ids = entries[-1][2]
+        out.extend(entries[-1][1])
+    if out[-1]["role"] == "assistant":
         raise BadRequest(f"messages[{len(raw) - 1}]: a final assistant message (prefill) is not supported: the "
                          "session server owns the assistant turn", param=f"messages[{len(raw) - 1}]")
-    return out
+    return out, entries
 
 
 def _tools(raw: Any) -> list[dict[str, Any]]:
@@ -199,16 +231,18 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
 
 
 def parse_messages_request(body: Any, family: ChatFamily, cache: list[tuple[Any, Message]] | None = None,
-                           *, count_only: bool = False) -> tuple[ChatRequest, list[dict[str, Any]]]:
-    """Validate a Messages body: ``(request, the translated chat messages)`` (the second is the
-    key of the session's normalisation cache)."""
+                           *, count_only: bool = False, history: list[HistoryEntry] | None = None
+                           ) -> tuple[ChatRequest, list[dict[str, Any]], list[HistoryEntry]]:
+    """Validate a Messages body: ``(request, the translated chat messages, history entries)``
+    (the second keys the session's normalisation cache, the third its translation cache, see
+    :func:`to_chat_messages`)."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     reject_token_fields(body, "")
     unknown = set(body) - KNOWN_FIELDS
     if unknown:
         raise BadRequest(f"unknown field(s) {', '.join(sorted(unknown))}", param=sorted(unknown)[0])
-    chat = to_chat_messages(body)
+    chat, entries = to_chat_messages(body, history)
     tools = _tools(body.get("tools"))
     choice = body.get("tool_choice") or {}
     if not isinstance(choice, dict) or choice.get("type", "auto") not in ("auto", "any", "tool", "none"):
@@ -240,7 +274,7 @@ def parse_messages_request(body: Any, family: ChatFamily, cache: list[tuple[Any,
         stream=bool(body.get("stream", False)),
         kwargs=kwargs,
         model=body.get("model") if isinstance(body.get("model"), str) else None,
-    ), chat
+    ), chat, entries
 
 
 def content_blocks(assistant: Message, *, with_reasoning: bool) -> list[dict[str, Any]]:

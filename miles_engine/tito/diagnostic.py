@@ -91,3 +91,15 @@ def summarize(reports: Sequence[dict[str, Any]]) -> dict[str, float]:
     for t in ALL_TYPES:
         out[f"tito_session_mismatch_rate/{t}"] = sum(bool(r["counts"][t]) for r in reports) / n
     return out
+
+
+def summarize_by_wire(reports: Sequence[tuple[str | None, dict[str, Any]]]) -> dict[str, float]:
+    """:func:`summarize` over all ``(wire format, report)`` pairs, then per wire format with the
+    format after the metric's name: ``tito_session_mismatch_rate/<wire>[/<type>]``,
+    ``tito_session_mismatch_trajectories/<wire>``."""
+    out = summarize([r for _, r in reports])
+    for wire in sorted({w for w, _ in reports if w}):
+        for key, value in summarize([r for w, r in reports if w == wire]).items():
+            name, _, kind = key.partition("/")
+            out[f"{name}/{wire}" + (f"/{kind}" if kind else "")] = value
+    return out

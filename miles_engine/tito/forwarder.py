@@ -2,10 +2,11 @@
 
 Host side (:class:`UnixForwarder`): a Unix socket in a directory the sandbox has mapped (its
 ``/tmp``), relaying every connection byte for byte to the session server's TCP port.
-Sandbox side (:data:`RELAY`): a stdlib Python relay started next to the harness, listening on
-``127.0.0.1:<ephemeral>`` inside the sandbox's own network namespace and relaying to that
-socket; it writes its port to a file the harness script waits for. The sandbox keeps no
-other route out: the namespace has only its loopback.
+Sandbox side (:data:`RELAY`): a stdlib Python relay listening on ``127.0.0.1:<ephemeral>``
+inside the sandbox's own network namespace and relaying to that socket; it writes its port
+to a file (``-``: prints ``port N`` on stdout). The local backend starts it next to the
+harness; the docker backend in a forwarder container sharing the sandbox's network namespace
+(``miles_sandbox_docker.route``). The sandbox keeps no other route out.
 """
 
 from __future__ import annotations
@@ -24,9 +25,12 @@ srv = socket.socket()
 srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 srv.bind(("127.0.0.1", 0))
 srv.listen(64)
-with open(port_file + ".tmp", "w") as f:
-    f.write(str(srv.getsockname()[1]))
-os.rename(port_file + ".tmp", port_file)
+if port_file == "-":
+    print("port", srv.getsockname()[1], flush=True)
+else:
+    with open(port_file + ".tmp", "w") as f:
+        f.write(str(srv.getsockname()[1]))
+    os.rename(port_file + ".tmp", port_file)
 
 def pipe(a, b):
     try:

@@ -4,8 +4,10 @@ its own session, then the session's trajectories collected.
 The harness reaches the session server through :mod:`.forwarder` when the sandbox has its own
 network namespace (the local backend's namespace tier without public network): a Unix socket
 in the sandbox's ``/tmp`` plus a loopback relay inside it. A process-tier sandbox (or one with
-public network) shares the host's loopback and gets the server's URL directly. Other backends
-(docker, remote) need a per-episode route of their own and are refused with that reason.
+public network) shares the host's loopback and gets the server's URL directly. A sandbox with
+``route_to_host(host, port)`` (the docker backend: a forwarder container in the sandbox's
+network namespace, see ``miles_sandbox_docker.route``) gets a per-episode route to the server
+only. Other backends are refused with that reason.
 
 Presets (``preset``), each non-interactive with the sandbox as its permission boundary:
 
@@ -20,7 +22,9 @@ The script sees ``MILES_SESSION_URL`` (``…/sessions/ID``, append ``/v1`` for O
 ``MILES_API_KEY``, ``MILES_MODEL``, ``MILES_TASK_PROMPT``, ``MILES_MAX_TURNS``, ``MILES_HARNESS_BIN``
 (where the CLIs are, as the sandbox sees it) and ``HOME`` (a fresh dir in the sandbox's /tmp).
 The CLIs come from ``scripts/install_harnesses.sh``; a namespace sandbox sees them when the
-local backend binds the cache read-only (``ro_binds: {"/miles/harnesses": "<cache dir>"}``).
+local backend binds the cache read-only (``ro_binds: {"/miles/harnesses": "<cache dir>"}``), a
+docker sandbox with the docker backend's ``ro_binds`` (both CLIs' npm packages carry native
+binaries: Claude Code's needs glibc, Codex's is static; no node in the image).
 """
 
 from __future__ import annotations
@@ -79,7 +83,12 @@ base_url = "$MILES_SESSION_URL/v1"
 env_key = "MILES_API_KEY"
 wire_api = "responses"
 EOF
-"$MILES_HARNESS_BIN/codex" exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox \
+codex="$MILES_HARNESS_BIN/codex"
+if ! command -v node >/dev/null 2>&1; then  # no node (a container image): the package's static binary
+  native=$(ls "$MILES_HARNESS_BIN"/../@openai/codex-linux-*/vendor/*-unknown-linux-musl/bin/codex 2>/dev/null | head -n 1)
+  [ -n "$native" ] && codex="$native"
+fi
+"$codex" exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox \
   "$MILES_TASK_PROMPT"
 """,
 }
@@ -119,16 +128,17 @@ class HarnessAgentOptions(BaseModel):
     mode: Literal["linear", "branching"] = "linear"
     harness_dir: str | None = Field(None, description="host dir scripts/install_harnesses.sh installed into "
                                     "(its node_modules/.bin holds claude and codex); default: its default")
-    sandbox_harness_dir: str = Field(SANDBOX_HARNESS_DIR, description="the same dir as a namespace sandbox sees "
-                                     "it (the local backend's ro_binds)")
+    sandbox_harness_dir: str = Field(SANDBOX_HARNESS_DIR, description="the same dir as a namespace or docker "
+                                     "sandbox sees it (the backend's ro_binds)")
     max_turns: int | None = Field(None, ge=1, description="default: the task's limits.max_turns")
     timeout_s: float | None = Field(None, gt=0, description="default: the task's agent timeout minus 5%")
     env: dict[str, str] = Field(default_factory=dict, description="extra environment of the harness")
     keep_session: bool = False
 
 
-def _route(sandbox: Any) -> Literal["direct", "socket"]:
-    """How the sandbox reaches a loopback server: its own loopback is the host's, or a socket."""
+def _route(sandbox: Any) -> Literal["direct", "socket", "sandbox"]:
+    """How the sandbox reaches a loopback server: its own loopback is the host's, a socket, or
+    the sandbox's own ``route_to_host``."""
     isolation = getattr(sandbox, "isolation", None)
     spec = getattr(sandbox, "spec", None)
     public = spec is not None and spec.network.mode == "public"
@@ -136,9 +146,11 @@ def _route(sandbox: Any) -> Literal["direct", "socket"]:
         return "direct"
     if isolation == "namespace" and isinstance(getattr(sandbox, "mapped", None), dict) and "/tmp" in sandbox.mapped:
         return "socket"
+    if callable(getattr(sandbox, "route_to_host", None)):
+        return "sandbox"
     raise RuntimeError(f"the harness agent cannot route {type(sandbox).__name__} (isolation {isolation!r}) to the "
-                       "session server: only the local backend's sandboxes are supported (a docker backend needs "
-                       "a per-episode network route to the server)")
+                       "session server: it needs the local backend's sandboxes or a sandbox with "
+                       "route_to_host(host, port) (the docker backend)")
 
 
 class HarnessAgent:
@@ -180,6 +192,11 @@ class HarnessAgent:
                                           parts.port or 80)
                 await forwarder.start()
                 env.update(MILES_RELAY=RELAY, MILES_RELAY_SOCKET=f"{SANDBOX_DIR}/{SOCKET_NAME}",
+                           MILES_HARNESS_BIN=f"{o.sandbox_harness_dir}/node_modules/.bin")
+            elif route == "sandbox":
+                parts = urlsplit(root)
+                base = await sandbox.route_to_host(parts.hostname or "127.0.0.1", parts.port or 80)
+                env.update(MILES_SESSION_URL=base + session_path,
                            MILES_HARNESS_BIN=f"{o.sandbox_harness_dir}/node_modules/.bin")
             else:
                 env.update(MILES_SESSION_URL=root + session_path,

@@ -65,11 +65,12 @@ def session_summary(report: dict[str, Any], generations: int) -> dict[str, Any]:
 
 
 async def check_harness(command: str, *, sessions: int = 2, preset: str = "custom", family: str = "qwen3",
-                        tokenizer: str | None = None, timeout_s: float = 300.0,
+                        tokenizer: str | None = None, timeout_s: float = 300.0, backend: str = "local",
                         backend_options: dict[str, Any] | None = None,
                         tool_command: str = "echo miles > miles.txt && cat miles.txt",
                         env: dict[str, str] | None = None) -> list[dict[str, Any]]:
-    """Run the harness agent ``sessions`` times in local sandboxes against a scripted policy."""
+    """Run the harness agent ``sessions`` times in sandboxes of ``backend`` against a scripted policy
+    (docker: image ubuntu:24.04, which the engine's image map may stand in for)."""
     from miles_engine.environments.protocol import TaskLimits
     from miles_engine.hub import Hub
     from miles_engine.rollout.episode import run_episode
@@ -82,8 +83,9 @@ async def check_harness(command: str, *, sessions: int = 2, preset: str = "custo
     codec = make_codec(family, tokenizer or ("builtin:qwen3" if family == "qwen3" else f"builtin:bpe-{family}"))
     engine = ScriptedEngine(codec.tokenizer, tool_then_answer(codec, tool_command), canonical=False)
     manager = SessionManager(engine, codec, SessionServerConfig())
-    backend = Hub().create("sandbox", "local", backend_options or {}, where="check-harness sandbox options")
-    task = _ShellTask(TaskLimits(agent_timeout_s=timeout_s, verifier_timeout_s=10, max_turns=8))
+    sandboxes = Hub().create("sandbox", backend, backend_options or {}, where="check-harness sandbox options")
+    task = _ShellTask(TaskLimits(agent_timeout_s=timeout_s, verifier_timeout_s=10, max_turns=8),
+                      image="ubuntu:24.04" if backend == "docker" else None)
     server = ServerThread(create_app(manager))
     url = server.start()
     out = []
@@ -92,7 +94,7 @@ async def check_harness(command: str, *, sessions: int = 2, preset: str = "custo
             opts = HarnessAgentOptions(preset=preset, command=command if preset == "custom" else None,  # type: ignore[arg-type]
                                        server_url=url, env=dict(env or {}))
             before = len(engine.requests)
-            result = await run_episode(task, HarnessAgent(opts), backend)
+            result = await run_episode(task, HarnessAgent(opts), sandboxes)
             info = result.agent.info
             calls = len(engine.requests) - before
             summary = session_summary({"trajectories": info.get("trajectories", [])}, calls)
@@ -101,6 +103,9 @@ async def check_harness(command: str, *, sessions: int = 2, preset: str = "custo
             out.append(summary)
     finally:
         await asyncio.to_thread(server.stop)
+        aclose = getattr(sandboxes, "aclose", None)
+        if aclose is not None:
+            await aclose()
     return out
 
 
@@ -110,8 +115,8 @@ class _ShellTask:
     id = "check-harness"
     metadata: dict[str, Any] = {}
 
-    def __init__(self, limits: Any) -> None:
-        self.limits = limits
+    def __init__(self, limits: Any, image: str | None = None) -> None:
+        self.limits, self.image = limits, image
 
     def prompt(self) -> list[dict[str, Any]]:
         return [{"role": "user", "content": "Write the word miles to miles.txt with your shell tool."}]
@@ -119,7 +124,7 @@ class _ShellTask:
     def sandbox_spec(self) -> Any:
         from miles_engine.sandbox.protocol import SandboxSpec
 
-        return SandboxSpec()
+        return SandboxSpec(image=self.image)
 
     def tools(self) -> list[Any]:
         return []

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from miles_engine.tito.api import ChatRequest, _int, _number, wire_message
@@ -56,8 +57,35 @@ def _text(content: Any, at: str) -> str:
     return "".join(parts)
 
 
-def to_chat_messages(body: dict[str, Any], previous: list[Message] | None) -> tuple[list[Message], list[Any]]:
-    """``(normalised messages of the stored previous response, new chat messages to normalise)``."""
+@dataclass
+class History:
+    """The translation of a stateless request's input (Codex re-sends all of it each turn):
+    ``marks[i]``: (chat messages, open call ids) once ``items[:i + 1]`` are translated, None
+    while an assistant message is still being assembled there."""
+
+    instructions: str | None
+    items: list[Any]
+    marks: list[tuple[int, frozenset[str]] | None]
+    out: list[dict[str, Any]]
+
+    def resume(self, instructions: str | None, items: list[Any]) -> int:
+        """How many leading ``items`` need no translation (their chat messages are ``out``)."""
+        if instructions != self.instructions:
+            return 0
+        k, n = 0, min(len(items), len(self.items))
+        while k < n and (items[k] is self.items[k] or items[k] == self.items[k]):
+            k += 1
+        while k and self.marks[k - 1] is None:
+            k -= 1
+        return k
+
+
+def to_chat_messages(body: dict[str, Any], previous: list[Message] | None, history: History | None = None
+                     ) -> tuple[list[Message], list[Any], History]:
+    """``(normalised messages of the stored previous response, new chat messages to normalise,
+    the translation to pass as history next turn)``. With ``history`` (the session's previous
+    stateless request), the longest prefix of items re-sent unchanged reuses its translation
+    (the same objects, so the normalisation cache and the matcher see them unchanged)."""
     out: list[dict[str, Any]] = []
     instructions = body.get("instructions")
     if instructions is not None and not isinstance(instructions, str):
@@ -70,6 +98,11 @@ def to_chat_messages(body: dict[str, Any], previous: list[Message] | None) -> tu
         raise BadRequest("'input' must be a string or a non-empty list of items", param="input")
     open_ids = {c["id"] for c in (previous[-1].get("tool_calls") or [])} if previous else set()
     pending: dict[str, Any] | None = None  # the assistant message being assembled
+    marks: list[tuple[int, frozenset[str]] | None] = []
+    start = history.resume(instructions, items) if history is not None and previous is None else 0
+    if start:
+        n, ids = history.marks[start - 1]  # type: ignore[union-attr,misc]
+        out, open_ids, marks = history.out[:n], set(ids), history.marks[:start]  # type: ignore[union-attr]
 
     def flush() -> None:
         nonlocal pending, open_ids
@@ -88,7 +121,9 @@ def to_chat_messages(body: dict[str, Any], previous: list[Message] | None) -> tu
             pending = {"role": "assistant", "content": "", "reasoning_content": "", "tool_calls": []}
         return pending
 
-    for i, item in enumerate(items):
+    for i, item in enumerate(items[start:], start):
+        if i > start:
+            marks.append((len(out), frozenset(open_ids)) if pending is None else None)
         at = f"input[{i}]"
         if not isinstance(item, dict):
             raise BadRequest(f"{at} must be an object", param=at)
@@ -132,11 +167,13 @@ def to_chat_messages(body: dict[str, Any], previous: list[Message] | None) -> tu
         else:
             raise BadRequest(f"{at}.type: unknown or unsupported input item type {kind!r} (accepted: message, "
                              "reasoning, function_call, function_call_output)", param=f"{at}.type")
+    if len(items) > start:
+        marks.append((len(out), frozenset(open_ids)) if pending is None else None)
     flush()
     if out and out[-1]["role"] == "assistant":
         raise BadRequest("the input ends with assistant output: the session server owns the assistant turn",
                          param=f"input[{len(items) - 1}]")
-    return list(previous or []), out
+    return list(previous or []), out, History(instructions, items, marks, out)
 
 
 def _tools(raw: Any) -> list[dict[str, Any]]:
@@ -169,9 +206,11 @@ def _tools(raw: Any) -> list[dict[str, Any]]:
 
 
 def parse_responses_request(body: Any, family: ChatFamily, stored: dict[str, list[Message]],
-                            cache: list[tuple[Any, Message]] | None = None) -> tuple[ChatRequest, list[Any]]:
+                            cache: list[tuple[Any, Message]] | None = None, history: History | None = None
+                            ) -> tuple[ChatRequest, list[Any], History]:
     """Validate a Responses body against the session's stored responses: ``(request, the new
-    chat messages)`` (the second keys the session's normalisation cache)."""
+    chat messages, their translation)`` (the second keys the session's normalisation cache, the
+    third its translation cache, see :func:`to_chat_messages`)."""
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     reject_token_fields(body, "")
@@ -187,7 +226,7 @@ def parse_responses_request(body: Any, family: ChatFamily, stored: dict[str, lis
         if previous is None:
             raise BadRequest(f"previous_response_id {prev_id!r} is no response of this session",
                              param="previous_response_id")
-    prior, chat = to_chat_messages(body, previous)
+    prior, chat, translated = to_chat_messages(body, previous, history)
     tools = _tools(body.get("tools"))
     choice = body.get("tool_choice")
     if choice is not None and choice not in ("none", "auto", "required") and not (
@@ -221,7 +260,7 @@ def parse_responses_request(body: Any, family: ChatFamily, stored: dict[str, lis
         stream=bool(body.get("stream", False)),
         kwargs=kwargs,
         model=body.get("model") if isinstance(body.get("model"), str) else None,
-    ), chat
+    ), chat, translated
 
 
 def output_items(assistant: Message, *, with_reasoning: bool) -> list[dict[str, Any]]:

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, RolloutEngine, SamplingParams
 from miles_engine.tito.api import ChatRequest, Completion, parse_chat_request, wire_message
-from miles_engine.tito.diagnostic import summarize
+from miles_engine.tito.diagnostic import summarize_by_wire
 from miles_engine.tito.errors import (
     BadRequest,
     Conflict,
@@ -70,7 +70,7 @@ class SessionManager:
         self.default_matcher = resolve_matcher(self.config.matcher)
         self.sessions: dict[str, Session] = {}
         self._deleted: collections.OrderedDict[str, float] = collections.OrderedDict()
-        self._reports: collections.deque[dict[str, Any]] = collections.deque(maxlen=10_000)
+        self._reports: collections.deque[tuple[str | None, dict[str, Any]]] = collections.deque(maxlen=10_000)
         self.overheads: collections.deque[float] = collections.deque(maxlen=100_000)
         self.counters: collections.Counter[str] = collections.Counter()
 
@@ -138,7 +138,7 @@ class SessionManager:
         report = session_report(self.get(session_id))
         for t in report["trajectories"]:
             if "tito_session_mismatch" in t:
-                self._reports.append(t["tito_session_mismatch"])
+                self._reports.append((t["wire"], t["tito_session_mismatch"]))
         return report
 
     def metrics(self) -> dict[str, Any]:
@@ -149,7 +149,7 @@ class SessionManager:
 
         return {"sessions": len(self.sessions), **self.counters,
                 "server_overhead_s/p50": pct(0.5), "server_overhead_s/p99": pct(0.99),
-                **summarize(list(self._reports))}
+                **summarize_by_wire(list(self._reports))}
 
     # ---- chat ----------------------------------------------------------------------------------
     async def chat(self, session_id: str, body: Any) -> tuple[Completion, ChatRequest]:
@@ -159,14 +159,17 @@ class SessionManager:
             session.parse_cache = list(zip(body["messages"], req.messages))
             return req
 
-        turn, req = await self.serve(session_id, parse)
+        turn, req = await self.serve(session_id, parse, wire="chat")
         return turn.completion(self.config.model_name, self.codec.family.has_reasoning), req
 
     async def serve(self, session_id: str, parse: Callable[[Session], ChatRequest],
-                    on_commit: Callable[[Session, ChatRequest, Turn], None] | None = None) -> tuple[Turn, ChatRequest]:
+                    on_commit: Callable[[Session, ChatRequest, Turn], None] | None = None, *,
+                    wire: str = "chat") -> tuple[Turn, ChatRequest]:
         """One turn of any wire format: ``parse`` validates the request into normalised messages
         (and may use the session's caches), then plan → generate → commit. ``on_commit`` runs
-        right after the commit (a wire format's own bookkeeping, e.g. Responses ids)."""
+        right after the commit (a wire format's own bookkeeping, e.g. Responses ids). ``wire``
+        (chat | messages | responses) names the route in the turn counters and the session's
+        report, so mismatch rates are also given per wire format."""
         t0 = time.perf_counter()
         session = self.get(session_id)
         req = parse(session)
@@ -185,6 +188,8 @@ class SessionManager:
             result = await self._generate(session, gen)
             t2 = time.perf_counter()
             turn = self._finish(session, req, plan, result, kwargs)
+            session.wires[wire] += 1
+            self.counters[f"turns/{wire}"] += 1
             if on_commit is not None:
                 on_commit(session, req, turn)
             self.overheads.append((t1 - t0) + (time.perf_counter() - t2))

@@ -19,6 +19,7 @@ kept leaf is a trajectory).
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -120,6 +121,9 @@ class Session:
         self.diagnose = diagnose  # whether reports carry tito_session_mismatch (SessionServerConfig.diagnose_every)
         self.parse_cache: list[tuple[Any, Message]] = []
         self.responses: dict[str, list[Message]] = {}  # Responses API: response id -> its whole conversation
+        self.wires: collections.Counter[str] = collections.Counter()  # committed turns per wire format
+        # Messages / Responses: (history translation cache, normalisation cache) of the last request
+        self.wire_history: dict[str, tuple[Any, list[tuple[Any, Message]]]] = {}
 
     # ---- matching ------------------------------------------------------------------------------
     def _match(self, node: Node, messages: list[Message], start: int) -> int | None:

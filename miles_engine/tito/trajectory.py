@@ -43,8 +43,17 @@ def diagnostic_tail(session: Session, last_id: int | None) -> tuple[list[int], l
     return close, codec.family.canonical_tail(codec, last_id)
 
 
+def wire_of(session: Session) -> str | None:
+    """The wire format the session's turns came through (``chat``, ``messages``, ``responses``;
+    ``mixed`` when several; None before any turn)."""
+    if not session.wires:
+        return None
+    return next(iter(session.wires)) if len(session.wires) == 1 else "mixed"
+
+
 def assemble(session: Session, *, diagnose: bool = True) -> list[dict[str, Any]]:
     leaves = session.kept_leaves()
+    wire = wire_of(session)
     owner: dict[int, int] = {}
     for leaf in leaves:
         for n in leaf.path():
@@ -79,6 +88,7 @@ def assemble(session: Session, *, diagnose: bool = True) -> list[dict[str, Any]]
             "prompt_length": leaf.path()[0].completion_start,
             "turns": turns,
             "messages": [m for n in leaf.path() for m in n.messages],
+            "wire": wire,
         }
         if routed is not None:
             entry["routed_experts"] = routed
@@ -95,6 +105,7 @@ def session_report(session: Session) -> dict[str, Any]:
         "mode": session.mode,
         "family": session.codec.name,
         "metadata": session.metadata,
+        "wire": wire_of(session),
         "trajectories": trajectories,
         "metrics": summarize([t["tito_session_mismatch"] for t in trajectories if "tito_session_mismatch" in t]),
     }

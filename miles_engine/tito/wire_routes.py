@@ -36,11 +36,12 @@ def add_wire_routes(app: FastAPI, manager: SessionManager, read_json: Callable[[
             body = await read_json(request)
 
             def parse(session: Session) -> ChatRequest:
-                req, chat = anthropic_api.parse_messages_request(body, family, session.parse_cache)
-                session.parse_cache = list(zip(chat, req.messages))
+                history, cache = session.wire_history.get("messages", (None, None))
+                req, chat, history = anthropic_api.parse_messages_request(body, family, cache, history=history)
+                session.wire_history["messages"] = (history, list(zip(chat, req.messages)))
                 return req
 
-            turn, req = await manager.serve(session_id, parse)
+            turn, req = await manager.serve(session_id, parse, wire="messages")
         except TitoError as exc:
             return JSONResponse(anthropic_api.error_body(exc), status_code=exc.status)
         out = anthropic_api.message_body(turn, manager.config.model_name, with_reasoning=reasoning)
@@ -51,9 +52,9 @@ def add_wire_routes(app: FastAPI, manager: SessionManager, read_json: Callable[[
     async def count_tokens(request: Request) -> Response:
         session_id = request.path_params["session_id"]
         try:
-            session = manager.get(session_id)
-            req, _ = anthropic_api.parse_messages_request(await read_json(request), family, session.parse_cache,
-                                                          count_only=True)
+            history, cache = manager.get(session_id).wire_history.get("messages", (None, None))
+            req, _, _ = anthropic_api.parse_messages_request(await read_json(request), family, cache,
+                                                             count_only=True, history=history)
             count = manager.count_prompt(session_id, req)
         except TitoError as exc:
             return JSONResponse(anthropic_api.error_body(exc), status_code=exc.status)
@@ -66,9 +67,11 @@ def add_wire_routes(app: FastAPI, manager: SessionManager, read_json: Callable[[
         response_id = f"resp_{uuid.uuid4().hex}"
 
         def parse(session: Session) -> ChatRequest:
-            req, chat = responses_api.parse_responses_request(body, family, session.responses, session.parse_cache)
+            history, cache = session.wire_history.get("responses", (None, None))
+            req, chat, history = responses_api.parse_responses_request(body, family, session.responses, cache,
+                                                                       history)
             if body.get("previous_response_id") is None:
-                session.parse_cache = list(zip(chat, req.messages))
+                session.wire_history["responses"] = (history, list(zip(chat, req.messages)))
             return req
 
         def remember(session: Session, req: ChatRequest, turn: Turn) -> None:
@@ -76,7 +79,7 @@ def add_wire_routes(app: FastAPI, manager: SessionManager, read_json: Callable[[
             while len(session.responses) > STORED_RESPONSES:
                 session.responses.pop(next(iter(session.responses)))
 
-        turn, req = await manager.serve(session_id, parse, on_commit=remember)
+        turn, req = await manager.serve(session_id, parse, on_commit=remember, wire="responses")
         out = responses_api.response_body(turn, req, manager.config.model_name, with_reasoning=reasoning,
                                           response_id=response_id)
         out["previous_response_id"] = body.get("previous_response_id")

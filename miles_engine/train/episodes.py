@@ -69,6 +69,10 @@ def to_trajectory(task: Any, result: EpisodeResult) -> Trajectory:
     mismatch = row.get("tito_session_mismatch") or {}
     if isinstance(mismatch, dict) and "bug" in mismatch:
         traj.metrics["tito_mismatch_bug"] = float(bool(mismatch["bug"]))
+        for kind, n in (mismatch.get("counts") or {}).items():  # by type, and the bug flag per wire format
+            traj.metrics[f"tito_mismatch_type/{kind}"] = float(n > 0)
+        if row.get("wire"):
+            traj.metrics[f"tito_mismatch_wire/{row['wire']}"] = float(bool(mismatch["bug"]))
         if mismatch["bug"]:
             log.warning("TITO row of task %s differs from the canonical render outside assistant text: %s",
                         task.id, json.dumps({"details": mismatch.get("details"), "first": mismatch.get("first_difference")})[:3000])

@@ -28,6 +28,12 @@ def group_metrics(groups: Sequence[Group]) -> dict[str, float]:
         values = [t.metrics[key] for t in trajs if key in t.metrics]
         if values:
             out[name] = statistics.fmean(values)
+    # tito/mismatch_rate/<type> and tito/mismatch_bug_rate/<wire format> (chat, messages, responses)
+    for prefix, name in (("tito_mismatch_type/", "tito/mismatch_rate/"),
+                         ("tito_mismatch_wire/", "tito/mismatch_bug_rate/")):
+        keys = sorted({k for t in trajs for k in t.metrics if k.startswith(prefix)})
+        for key in keys:
+            out[name + key[len(prefix):]] = statistics.fmean(t.metrics[key] for t in trajs if key in t.metrics)
     # session_server.diagnose_every: the mismatch rate is over the diagnosed trajectories only
     out["tito/diagnosed"] = float(sum("tito_mismatch_bug" in t.metrics for t in trajs))
     sampled = [t.num_sampled for t in trajs]

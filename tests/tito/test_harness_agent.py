@@ -7,10 +7,13 @@ session must end with one exact trajectory and zero non-assistant mismatch."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import pytest
+from click.testing import CliRunner
 
+from miles_engine.cli.tito_cmd import tito
 from miles_engine.tito.harness import default_harness_dir, harness_bin
 from miles_engine.tito.harness_check import check_harness
 
@@ -20,9 +23,10 @@ python3 - <<'EOF'
 import json, os, socket, subprocess, urllib.request
 base = os.environ["MILES_SESSION_URL"] + "/v1/chat/completions"
 # the host's loopback is not this sandbox's: only the relay leads out
-host_port = int(os.environ["MILES_HOST_PORT"])
+host_port = int(os.environ.get("MILES_HOST_PORT", "0"))
 try:
-    socket.create_connection(("127.0.0.1", host_port), timeout=2).close(); print("LEAK")
+    if host_port:
+        socket.create_connection(("127.0.0.1", host_port), timeout=2).close(); print("LEAK")
 except OSError:
     print("isolated")
 tool = {"type": "function", "function": {"name": "bash", "parameters": {"type": "object",
@@ -88,3 +92,32 @@ def test_real_cli_harness_in_a_sandbox(preset, binary):
     [summary] = asyncio.run(check_harness("", sessions=1, preset=preset, backend_options=_backend_options(),
                                           timeout_s=150))
     _check(summary)
+
+
+def test_check_harness_command_reports_per_session_and_turn_and_fails_on_a_broken_harness():
+    _namespace_or_skip()
+    ok = CliRunner().invoke(tito, ["check-harness", CUSTOM, "--sessions", "2", "--timeout", "60", "--json"])
+    assert ok.exit_code == 0, ok.output
+    sessions = json.loads(ok.stdout)
+    assert len(sessions) == 2
+    for summary in sessions:
+        _check(summary)
+        assert [t["turn"] for t in summary["per_turn"]] == [1, 2]
+    bad = CliRunner().invoke(tito, ["check-harness", "echo giving up >&2; exit 3", "-n", "1", "--timeout", "30"])
+    assert bad.exit_code == 1
+    assert "harness custom exited with status 3" in bad.output and "giving up" in bad.output
+
+
+def test_a_sandbox_without_a_route_is_refused_naming_what_it_needs():
+    from miles_engine.tito.harness import _route
+
+    class Remote:
+        isolation = "container"
+
+    class Routable(Remote):
+        async def route_to_host(self, host: str, port: int) -> str:
+            return "http://127.0.0.1:1"
+
+    assert _route(Routable()) == "sandbox"
+    with pytest.raises(RuntimeError, match=r"cannot route Remote .*route_to_host\(host, port\)"):
+        _route(Remote())

@@ -83,6 +83,7 @@ class DockerSandboxBackend:
         extra = {BACKEND_LABEL: self.name, OWNER_LABEL: self._owner}
         labels = sandbox_labels(spec, sandbox_id=sandbox_id, run_id=run_id, extra=extra)
         sb = DockerSandbox(self, spec, sandbox_id, container)
+        sb.labels = labels
         self._live.add(sb)
         self._slots.add(sb)
         try:
@@ -143,6 +144,8 @@ class DockerSandboxBackend:
             args += ["--ulimit", f"fsize={o.max_file_size_mb << 20}"]
         for key, value in spec.env.items():
             args += ["--env", f"{key}={value}"]
+        for path, host in o.ro_binds.items():
+            args += ["--volume", f"{host}:{path}:ro"]
         if spec.user:
             args += ["--user", spec.user]
         args += ["--workdir", spec.workdir or "/", "--entrypoint", "/bin/sh", image, "-c", KEEPALIVE, "miles-keepalive"]

@@ -80,12 +80,33 @@ class DockerSandboxOptions(BaseModel):
         10.0, gt=0, description="bound on killing a timed-out command's process tree inside the container; past it "
         "(e.g. a fork bomb at the pids limit) the container is killed and the sandbox is dead"
     )
+    ro_binds: dict[str, str] = Field(
+        default_factory=dict, description="read-only binds into every sandbox container, container path -> host "
+        "path (the engine must be on this host), e.g. {'/miles/harnesses': '/var/cache/miles-engine/harnesses'}: "
+        "the coding-agent CLIs the harness agent runs")
+    route_image: str = Field(
+        "python:3.12-slim", description="image of the forwarder container behind route_to_host (the harness "
+        "agent's route to its session server); needs python3; goes through image_map")
     retry: RetryPolicy = Field(default_factory=RetryPolicy, description="backoff for idempotent docker calls")
 
     @property
     def max_processes(self) -> int | None:
         """The per-container process cap (``pids_limit``), under the local backend's name."""
         return self.pids_limit
+
+    @field_validator("ro_binds")
+    @classmethod
+    def _ro_binds(cls, binds: dict[str, str]) -> dict[str, str]:
+        out = {}
+        for path, host in binds.items():
+            host = os.path.expanduser(host)
+            if not path.startswith("/") or path.rstrip("/") == "" or ":" in path or ":" in host:
+                raise ValueError(f"ro_binds: {path!r} must be an absolute container path other than '/' "
+                                 "(no ':' in either path)")
+            if not os.path.isabs(host) or not os.path.exists(host):
+                raise ValueError(f"ro_binds: host path {host!r} (for {path!r}) must be an existing absolute path")
+            out[path] = host
+        return out
 
     @field_validator("image_map")
     @classmethod

@@ -49,6 +49,8 @@ class DockerSandbox:
         self.container_id = ""  # the engine's full id (as in the host's cgroup paths)
         self.network: str | None = None  # its own network, when it has services
         self.service_containers: list[str] = []
+        self.labels: dict[str, str] = {}  # the run, sandbox and owner labels its containers carry
+        self.routes: list = []  # miles_sandbox_docker.route.Route: routes to host servers
         self._close_task: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -88,6 +90,14 @@ class DockerSandbox:
             return None
         return [HostProcess(pid) for pid in container_pids(self.container_id)]
 
+    async def route_to_host(self, host: str, port: int) -> str:
+        """A route from inside this sandbox to ``host:port`` (a server on the host's loopback) and
+        nowhere else; returns its base URL as the sandbox sees it (see :mod:`.route`)."""
+        from miles_sandbox_docker.route import open_route
+
+        self._check_open()
+        return await open_route(self, host, port)
+
     async def _timed_remove(self) -> None:
         t0 = time.monotonic()
         try:
@@ -97,6 +107,10 @@ class DockerSandbox:
                 from miles_sandbox_docker.services import remove_services
 
                 await remove_services(self.backend, self)
+            if self.routes:
+                from miles_sandbox_docker.route import close_routes
+
+                await close_routes(self)
         self.backend.metrics.observe("destroy", time.monotonic() - t0)
 
     async def __aenter__(self) -> DockerSandbox:

@@ -262,3 +262,26 @@ def test_miles_sandbox_sweep_cli_on_docker(fake_docker: FakeDocker):
     )
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout) == [sb.id] and fake_docker.containers() == []
+
+
+# ------------------------------------------------------------------ route to a host server
+@needs_bwrap
+def test_route_to_host_needs_the_engine_on_this_host(fake_docker: FakeDocker, tmp_path: Path):
+    be = backend(fake_docker, host="tcp://192.0.2.1:2375")
+
+    async def go() -> None:
+        async with await be.create(SandboxSpec()) as sb:
+            await sb.route_to_host("127.0.0.1", 8000)
+
+    with pytest.raises(SandboxError, match=r"needs the docker engine on this host .*tcp://192.0.2.1:2375"):
+        run(go())
+    assert not [c for c in fake_docker.calls() if "--network" in c and any("container:" in a for a in c)]
+
+
+def test_ro_binds_are_read_only_volumes_and_bad_ones_are_refused(tmp_path: Path):
+    opts = DockerSandboxOptions(ro_binds={"/miles/harnesses": str(tmp_path)})
+    args = DockerSandboxBackend(opts).run_args("c", "img", SandboxSpec(), {})
+    assert args[args.index("--volume") + 1] == f"{tmp_path}:/miles/harnesses:ro"
+    for bad in ({"relative": str(tmp_path)}, {"/": str(tmp_path)}, {"/x": str(tmp_path / "missing")}):
+        with pytest.raises(ValueError, match="ro_binds"):
+            DockerSandboxOptions(ro_binds=bad)

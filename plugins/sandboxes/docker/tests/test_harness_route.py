@@ -1,0 +1,132 @@
+"""The harness agent in a real docker container (``scripts/container_engine.sh start``; skipped
+with the reason without one): its per-episode route reaches the session server and nothing
+else, then the real Codex and Claude Code CLIs (their npm packages' native binaries,
+bind-mounted read-only; skipped when scripts/install_harnesses.sh has not run) drive their
+session from inside the container against a scripted policy that calls their shell tool once,
+then answers: the tool ran in the container, one exact trajectory, zero non-assistant mismatch,
+no container, network or route directory left."""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import secrets
+import socket
+import subprocess
+
+import pytest
+
+from miles_engine.sandbox.protocol import RUN_LABEL
+from miles_engine.tito.harness import default_harness_dir, harness_bin
+from miles_engine.tito.harness_check import check_harness
+from miles_sandbox_docker.options import DockerSandboxOptions
+
+pytestmark = pytest.mark.timeout(400)
+
+# Inside the container: stdlib Python, chat completions with one bash tool; first it probes that
+# the host (its address and loopback ports) and the internet are out of reach.
+CUSTOM = r"""
+python3 - <<'EOF'
+import json, os, socket, subprocess, urllib.request
+base = os.environ["MILES_SESSION_URL"] + "/v1/chat/completions"
+for name, host, port in [("host", os.environ["MILES_HOST_IP"], int(os.environ["MILES_HOST_PORT"])),
+                         ("loopback", "127.0.0.1", int(os.environ["MILES_HOST_PORT"])),
+                         ("internet", "1.1.1.1", 443)]:
+    try:
+        socket.create_connection((host, port), timeout=3).close(); print("LEAK", name)
+    except OSError:
+        print("isolated", name)
+print("interfaces", " ".join(sorted(os.listdir("/sys/class/net"))))
+tool = {"type": "function", "function": {"name": "bash", "parameters": {"type": "object",
+        "properties": {"command": {"type": "string"}}}}}
+msgs = [{"role": "user", "content": os.environ["MILES_TASK_PROMPT"]}]
+for _ in range(4):
+    req = urllib.request.Request(base, json.dumps({"messages": msgs, "tools": [tool]}).encode(),
+                                 {"content-type": "application/json"})
+    msg = json.load(urllib.request.urlopen(req))["choices"][0]["message"]
+    msgs.append(msg)
+    if not msg.get("tool_calls"):
+        break
+    for call in msg["tool_calls"]:
+        cmd = json.loads(call["function"]["arguments"])["command"]
+        out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True).stdout
+        msgs.append({"role": "tool", "tool_call_id": call["id"], "content": out})
+print(msgs[-1]["content"])
+EOF
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _engine(real_docker: str | None) -> None:
+    if real_docker is not None:
+        pytest.skip(f"{real_docker} (start one with scripts/container_engine.sh start)")
+    opts = DockerSandboxOptions()
+    for ref in ("ubuntu:24.04", opts.route_image):
+        image = opts.image_map.get(ref, ref)
+        if subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=30).returncode:
+            pytest.skip(f"no local image for {ref} (scripts/container_engine.sh start builds one and maps it)")
+
+
+def _left_behind(run_id: str) -> tuple[list[str], list[str]]:
+    def ls(*args: str) -> list[str]:
+        return subprocess.run(["docker", *args, "--filter", f"label={RUN_LABEL}={run_id}"], capture_output=True,
+                              text=True, timeout=60, check=True).stdout.split()
+
+    return ls("ps", "--all", "--quiet") + ls("network", "ls", "--quiet"), glob.glob("/tmp/miles-route-sbx-*")
+
+
+def _check(summary: dict) -> None:
+    assert summary["stop"] == "done", summary
+    assert summary["tool_ran"], summary  # the policy's tool call ran inside the container
+    assert summary["trajectories"] == 1 and summary["forks"] == 0
+    assert summary["turns"] == 2 and summary["generations"] == 2
+    assert summary["mismatch"]["non_assistant_text"] == 0
+    assert summary["mismatch"]["special_token_count"] == summary["mismatch"]["special_token_type"] == 0
+    assert summary["sampled_tokens"] == sum(t["completion_tokens"] for t in summary["per_turn"])
+
+
+def _host_ip() -> str:
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    probe.connect(("10.255.255.255", 9))  # no packet is sent: this only picks the outgoing interface
+    try:
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
+
+
+def test_custom_harness_reaches_its_session_server_and_nothing_else():
+    run_id = "route-" + secrets.token_hex(3)
+    routes_before = set(glob.glob("/tmp/miles-route-sbx-*"))
+    with socket.socket() as listener:  # a host port on every address (its loopback too): the container reaches none
+        listener.bind(("0.0.0.0", 0))
+        listener.listen(8)
+        listener.setblocking(False)
+        port = listener.getsockname()[1]
+
+        [summary] = asyncio.run(check_harness(
+            CUSTOM, sessions=1, backend="docker", timeout_s=120, backend_options={"run_id": run_id},
+            env={"MILES_HOST_IP": _host_ip(), "MILES_HOST_PORT": str(port)}))
+        with pytest.raises(BlockingIOError):
+            listener.accept()
+    _check(summary)
+    out = summary["stdout_tail"]
+    for name in ("host", "loopback", "internet"):
+        assert f"isolated {name}" in out and f"LEAK {name}" not in out, out
+    assert "interfaces lo" in out.splitlines(), out  # network mode none: loopback only
+    containers, _ = _left_behind(run_id)
+    assert containers == []
+    assert set(glob.glob("/tmp/miles-route-sbx-*")) <= routes_before
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset,binary", [("codex", "codex"), ("claude-code", "claude")])
+def test_real_cli_harness_in_a_container(preset, binary):
+    if harness_bin(binary) is None:
+        pytest.skip(f"{binary} not installed in {default_harness_dir()} (run scripts/install_harnesses.sh; "
+                    "needs node/npm and the npm registry)")
+    run_id = "route-" + secrets.token_hex(3)
+    [summary] = asyncio.run(check_harness(
+        "", sessions=1, preset=preset, backend="docker", timeout_s=150,
+        backend_options={"run_id": run_id, "ro_binds": {"/miles/harnesses": default_harness_dir()}}))
+    _check(summary)
+    assert _left_behind(run_id)[0] == []
