@@ -21,8 +21,8 @@ of that step's loss, TIS ratio and gradients (float noise only) and of the param
 
 ``--true-on-policy`` (instead of the variants table): the cost of ``trainer.true_on_policy``
 (batch-invariant forward). ``baseline`` and ``fused+prefix``, each with the mode off and on (four
-trainers, same weights, steps interleaved): step time median and range, tokens/s (the batch's
-row lengths summed, per second of step), on/off ratio.
+trainers, same weights, steps interleaved): wall and CPU time per step, median and range, tokens
+per CPU second (the batch's row lengths summed), on/off ratio of CPU time.
 
 ``--megatron``: a second table, the same 64-row batch on the Megatron backend (``trainer.backend:
 megatron``, rank subprocesses over gloo, fused old log-probs, no shared-prefix forward) at TP=1
@@ -176,21 +176,27 @@ def true_on_policy_table(source: Any, groups: list[Group], reps: int) -> None:
                 for name in ("baseline", "fused+prefix") for mode in ("off", "on")}
     for tr in trainers.values():
         tr.train_step(groups)  # warm-up
-    times: dict[tuple[str, str], list[float]] = {k: [] for k in trainers}
+    wall: dict[tuple[str, str], list[float]] = {k: [] for k in trainers}
+    cpu: dict[tuple[str, str], list[float]] = {k: [] for k in trainers}
     for _ in range(reps):  # interleaved
         for key, tr in trainers.items():
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             tr.train_step(groups)
-            times[key].append(time.perf_counter() - t0)
-    print(f"\ntrain_step with trainer.true_on_policy off vs on, {reps} reps each, interleaved "
-          f"({tokens} tokens per step; median, range)\n")
-    print("| variant      | mode | step ms | range         | tokens/s | on/off time |")
-    print("|--------------|------|---------|---------------|----------|-------------|")
-    for (name, mode), ts in times.items():
-        med = statistics.median(ts)
-        ratio = med / statistics.median(times[(name, "off")])
-        print(f"| {name:<12} | {mode:<4} | {med * 1e3:7.1f} | {min(ts) * 1e3:6.1f}-{max(ts) * 1e3:<6.1f} | "
-              f"{tokens / med:8.0f} | {ratio:10.2f}x |")
+            wall[key].append(time.perf_counter() - t0)
+            cpu[key].append(time.process_time() - c0)
+    print(f"\ntrain_step with trainer.true_on_policy off vs on, {reps} reps each, interleaved ({tokens} tokens "
+          f"per step; median [range]; CPU = this process's CPU time, the cost on a shared box)\n")
+    print("| variant      | mode | wall ms                  | CPU ms                   | tokens/CPU-s | on/off CPU |")
+    print("|--------------|------|--------------------------|--------------------------|--------------|------------|")
+    for (name, mode), ts in wall.items():
+        cs = cpu[(name, mode)]
+        ratio = statistics.median(cs) / statistics.median(cpu[(name, "off")])
+        print(f"| {name:<12} | {mode:<4} | {spread_ms(ts):<24} | {spread_ms(cs):<24} | "
+              f"{tokens / statistics.median(cs):12.0f} | {ratio:9.2f}x |")
+
+
+def spread_ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1e3:.0f} [{min(values) * 1e3:.0f}-{max(values) * 1e3:.0f}]"
 
 
 def main() -> None:
