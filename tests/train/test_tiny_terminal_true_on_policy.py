@@ -1,38 +1,40 @@
-"""The packaged tiny-terminal recipe with trainer.true_on_policy (the engine's is derived from it),
-resumed from the session's warm run (its SFT warm start + one RL step; the mode may be switched on
-at a resume: only the rounding changes). At every RL step the numerics gap is exactly 0.0: tokens
-sampled under the trainer's current weights score identically on both sides; whatever gap remains
-is on stale tokens (under fully_async a step may train only tokens of the previous version, when the
-trainer is the slower side). And the recipe still learns: the fleet and Ray e2e tests' margin from
-the same warm start (3-step moving average of the reward rises by 0.3 within 30 steps). Bounded by
-steps (the wall-clock limit is lifted)."""
+"""The packaged tiny-terminal recipe with trainer.true_on_policy (the engine's is derived from it)
+and sync rollouts, so every RL step trains only tokens sampled under the trainer's current weights
+(under the recipe's fully_async a step may train only tokens one version old, which measure
+staleness, not numerics): at every step the numerics gap is exactly 0.0, no token is stale and the
+importance ratio is exactly 1. And the recipe still learns (the tiny-terminal e2e's margin: the
+3-step moving average of the reward rises by 0.3 within 30 steps). Bounded by steps: the recipe's
+full SFT warm start, 30 RL steps, the wall-clock limit lifted."""
 
 from __future__ import annotations
 
-import shutil
+import json
+import statistics
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-from tests.train.fleet_helpers import metric_rows, moving_average, train_cli
+from miles_engine.cli.main import cli
 
 STEPS = 30
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_tiny_terminal_true_on_policy_learns_with_zero_numerics_gap(warm_run: Path, tmp_path: Path) -> None:
-    run = tmp_path / "top"
-    shutil.copytree(warm_run, run)
-    proc = train_cli(["--resume", str(run), "trainer.true_on_policy=true", f"run.steps={1 + STEPS}",
-                      "run.max_minutes=null", "metrics.progress=false"], timeout=840)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    train = [r for r in metric_rows(run) if r["step"] > 1]  # the RL steps with the mode on
-    assert len(train) == STEPS, [r["step"] for r in train]
-    tokens = [(r["tis/numerics_tokens"], r["tis/stale_tokens"]) for r in train]
-    assert sum(n for n, _ in tokens) > 0, f"no step trained tokens of its own version: {tokens}"
+def test_tiny_terminal_true_on_policy_learns_with_zero_numerics_gap_at_every_step(tmp_path: Path) -> None:
+    args = ["train", "tiny-terminal", "trainer.true_on_policy=true", "rollout.mode=sync", f"run.steps={STEPS}",
+            "run.max_minutes=null", "run.checkpoint_every=10", "metrics.progress=false", f"run.out_dir={tmp_path}",
+            "run.name=top"]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "top" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert len(train) == STEPS, [r.get("step") for r in train]
     for r in train:
-        if r["tis/numerics_tokens"]:
-            assert r["tis/numerics_max_abs_diff"] == 0.0 and r["tis/numerics_abs_diff"] == 0.0, r
-    ma = moving_average([r["reward/mean"] for r in train])
+        assert r["tis/numerics_tokens"] > 0 and r["tis/stale_tokens"] == 0, r
+        assert r["tis/numerics_max_abs_diff"] == 0.0 and r["tis/numerics_abs_diff"] == 0.0, r
+        assert r["tis/ratio_min"] == r["tis/ratio_max"] == 1.0, r
+    rewards = [r["reward/mean"] for r in train]
+    ma = [statistics.fmean(rewards[i:i + 3]) for i in range(len(rewards) - 2)]
     assert max(ma) - ma[0] >= 0.3, f"3-step moving average did not rise by 0.3 with the mode on: {ma}"
