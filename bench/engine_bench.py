@@ -1,6 +1,7 @@
 """Embedded-engine benchmark (prints tables; not a test).
 
     .venv/bin/python bench/engine_bench.py [--reps 5] [--dtype float32] [--threads 1] [--quick]
+    .venv/bin/python bench/engine_bench.py --true-on-policy [--reps 5] [--quick]   # section 5 only
 
 1. Decode throughput (tokens/s) on the tiny Qwen3 config of the feasibility study (vocab 8192,
    hidden 256, 4 layers, 4 heads / 2 KV, head_dim 64) at batch 1, 8, 32: the engine (B
@@ -16,6 +17,12 @@
 4. GRPO groups: waves of 8 groups x 8 attempts (one prompt per group, attempts arriving within
    a few ms, 64 new tokens sampled): engine busy time per sample and prefilled tokens with the
    shared-prompt cache vs without (interleaved waves, medians).
+
+5. ``--true-on-policy`` (instead of 1-4): the cost of the batch-invariant mode. Two engines of
+   the same weights, ``true_on_policy`` off and on (float32, prompt cache off), the same work
+   alternated between them: greedy decode tokens/s at batch 1, 8, 32, and useful tokens/s of a
+   mixed-length wave (continuous batching), per second of wall time and per CPU second of this
+   process; median and range over the repetitions, on/off ratio.
 
 Sections 1-3 run with the shared-prompt cache off (their repetitions reuse prompts, and HF
 generate has no such cache).
@@ -173,22 +180,61 @@ async def grpo_groups(shared: EmbeddedEngine, plain: EmbeddedEngine, waves: int,
           + [["ratio none/shared", f"{med['none'][0] / med['shared'][0]:.2f}x", ""]])
 
 
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):,.0f} [{min(values):,.0f}-{max(values):,.0f}]"
+
+
+async def true_on_policy_cost(reps: int, batches: list[int], new: int, n_mixed: int, hi: int, threads: int) -> None:
+    engines = {mode: EmbeddedEngine.from_model(CONFIG, num_threads=threads, true_on_policy=mode == "on",
+                                               max_batch_size=32, prompt_cache_tokens=0) for mode in ("off", "on")}
+    rng = random.Random(0)
+    mixed = (prompts(n_mixed, PROMPT, 7), [rng.randint(16, hi) for _ in range(n_mixed)])
+    work = [(f"decode, batch {b}", prompts(b, PROMPT, b), [new] * b) for b in batches]
+    work.append((f"mixed wave: {n_mixed} requests, 16..{hi} new", *mixed))
+    rows = []
+    try:
+        for name, batch, lengths in work:
+            for eng in engines.values():
+                await engine_run(eng, batch[:1], [4])  # warm-up
+            wall: dict[str, list[float]] = {"off": [], "on": []}
+            cpu: dict[str, list[float]] = {"off": [], "on": []}
+            for _ in range(reps):  # interleaved
+                for mode, eng in engines.items():
+                    c0 = time.process_time()
+                    wall[mode].append(sum(lengths) / await engine_run(eng, batch, lengths))
+                    cpu[mode].append(sum(lengths) / (time.process_time() - c0))
+            ratio = statistics.median(cpu["on"]) / statistics.median(cpu["off"])
+            rows.append([name, spread(wall["off"]), spread(wall["on"]), spread(cpu["off"]), spread(cpu["on"]),
+                         f"{ratio:.2f}x"])
+    finally:
+        for eng in engines.values():
+            await eng.aclose()
+    table(f"5. true_on_policy cost: engine tokens per second of wall time and per CPU second (this process's CPU "
+          f"time: the cost on a shared box), mode off vs on (float32, greedy, prompt {PROMPT}; median [range] of "
+          f"{reps}, interleaved)", ["work", "off tok/s", "on tok/s", "off tok/CPU-s", "on tok/CPU-s", "on/off (CPU)"],
+          rows)
+
+
 async def main(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, dtype {args.dtype}, "
-          f"cpu count {os.cpu_count()}, true_on_policy {args.true_on_policy}")
-    eng = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, true_on_policy=args.true_on_policy, max_batch_size=32,
+          f"cpu count {os.cpu_count()}")
+    if args.true_on_policy:
+        await true_on_policy_cost(args.reps, [1, 8] if args.quick else [1, 8, 32], 32 if args.quick else 128,
+                                  32 if args.quick else args.mixed_requests, 64 if args.quick else 256, args.threads)
+        return
+    eng = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, max_batch_size=32,
                                     prompt_cache_tokens=0)
     batches = [1, 8] if args.quick else [1, 8, 32]
     await decode_throughput(eng, args.reps, batches, 32 if args.quick else 128)
     await mixed_lengths(eng, max(1, args.reps // 2), 32 if args.quick else args.mixed_requests, 16,
                         64 if args.quick else 256)
-    plain = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, true_on_policy=args.true_on_policy, session_cache_tokens=0,
+    plain = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, session_cache_tokens=0,
                                       prompt_cache_tokens=0)
     await sessions(eng, plain, 4, 4 if args.quick else 8, 128, 32)
     await eng.aclose()
-    shared = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, true_on_policy=args.true_on_policy, max_batch_size=64)
-    plain64 = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, true_on_policy=args.true_on_policy, max_batch_size=64,
+    shared = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, max_batch_size=64)
+    plain64 = EmbeddedEngine.from_model(CONFIG, dtype=args.dtype, num_threads=args.threads, max_batch_size=64,
                                         prompt_cache_tokens=0)
     await grpo_groups(shared, plain64, 2 if args.quick else 6, 256, 16 if args.quick else 64)
     for e in (plain, shared, plain64):
@@ -202,5 +248,6 @@ if __name__ == "__main__":
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--mixed-requests", type=int, default=128)
     p.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    p.add_argument("--true-on-policy", action="store_true", help="batch-invariant engine (trainer.true_on_policy)")
+    p.add_argument("--true-on-policy", action="store_true",
+                   help="only section 5: engine tokens/s with true_on_policy off vs on")
     asyncio.run(main(p.parse_args()))

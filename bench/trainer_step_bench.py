@@ -1,6 +1,7 @@
 """RL trainer step benchmark: fused old log-probs and shared-prefix forward (prints a table; not a test).
 
     .venv/bin/python bench/trainer_step_bench.py [--reps 9] [--prompt-len 0] [--ckpt DIR]
+    .venv/bin/python bench/trainer_step_bench.py --true-on-policy [--reps 9]   # the mode's cost only
 
 One GRPO ``TorchTrainer.train_step`` on 8 groups x 8 rows, 1 torch thread, the trainer settings
 of ``recipes/tiny-terminal.yaml`` (AdamW lr 1e-3, clip 0.2, TIS, grad clip 1). The policy is the
@@ -17,6 +18,11 @@ policy's own. Variants (one trainer each, same weights, steps interleaved):
 
 The first step of each variant starts from identical weights; after the table come the differences
 of that step's loss, TIS ratio and gradients (float noise only) and of the parameters after it.
+
+``--true-on-policy`` (instead of the variants table): the cost of ``trainer.true_on_policy``
+(batch-invariant forward). ``baseline`` and ``fused+prefix``, each with the mode off and on (four
+trainers, same weights, steps interleaved): wall and CPU time per step, median and range, tokens
+per CPU second (the batch's row lengths summed), on/off ratio of CPU time.
 
 ``--megatron``: a second table, the same 64-row batch on the Megatron backend (``trainer.backend:
 megatron``, rank subprocesses over gloo, fused old log-probs, no shared-prefix forward) at TP=1
@@ -162,19 +168,47 @@ def megatron_table(source: Any, groups: list[Group], reps: int) -> None:
             tr.close()
 
 
+def true_on_policy_table(source: Any, groups: list[Group], reps: int) -> None:
+    tokens = sum(len(t.token_ids) for g in groups for t in g.trajectories)
+    trainers = {(name, mode): TorchTrainer(source, {**TRAINER, "true_on_policy": mode == "on",
+                                                    "algorithm": {"fuse_old_logprobs": VARIANTS[name][0]},
+                                                    "shared_prefix": VARIANTS[name][1]})
+                for name in ("baseline", "fused+prefix") for mode in ("off", "on")}
+    for tr in trainers.values():
+        tr.train_step(groups)  # warm-up
+    wall: dict[tuple[str, str], list[float]] = {k: [] for k in trainers}
+    cpu: dict[tuple[str, str], list[float]] = {k: [] for k in trainers}
+    for _ in range(reps):  # interleaved
+        for key, tr in trainers.items():
+            t0, c0 = time.perf_counter(), time.process_time()
+            tr.train_step(groups)
+            wall[key].append(time.perf_counter() - t0)
+            cpu[key].append(time.process_time() - c0)
+    print(f"\ntrain_step with trainer.true_on_policy off vs on, {reps} reps each, interleaved ({tokens} tokens "
+          f"per step; median [range]; CPU = this process's CPU time, the cost on a shared box)\n")
+    print("| variant      | mode | wall ms                  | CPU ms                   | tokens/CPU-s | on/off CPU |")
+    print("|--------------|------|--------------------------|--------------------------|--------------|------------|")
+    for (name, mode), ts in wall.items():
+        cs = cpu[(name, mode)]
+        ratio = statistics.median(cs) / statistics.median(cpu[(name, "off")])
+        print(f"| {name:<12} | {mode:<4} | {spread_ms(ts):<24} | {spread_ms(cs):<24} | "
+              f"{tokens / statistics.median(cs):12.0f} | {ratio:9.2f}x |")
+
+
+def spread_ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1e3:.0f} [{min(values) * 1e3:.0f}-{max(values) * 1e3:.0f}]"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=9, help="timed steps per variant (after 1 warm-up)")
     ap.add_argument("--prompt-len", type=int, default=0, help="random prompts of N tokens instead of echo drills")
     ap.add_argument("--ckpt", type=Path, default=CKPT, help="HF model dir + tokenizer.json (else a random model)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--true-on-policy", action="store_true", help="every variant with trainer.true_on_policy")
+    ap.add_argument("--true-on-policy", action="store_true", help="only the table of trainer.true_on_policy off vs on")
     ap.add_argument("--megatron", action="store_true", help="also: torch vs the Megatron backend at TP=1 and TP=2")
     ap.add_argument("--only-megatron", action="store_true", help="only the backend table")
     args = ap.parse_args()
-    if args.true_on_policy:
-        TRAINER["true_on_policy"] = True
-        print("trainer.true_on_policy: true (batch-invariant forward)")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before the first model load imports transformers
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(args.seed)
@@ -195,6 +229,9 @@ def main() -> None:
           f"{len(rows)} rows of {min(lengths)}-{max(lengths)} tokens ({sum(lengths)} tokens, "
           f"{sum(sum(t.loss_mask) for t in rows)} sampled); torch threads {torch.get_num_threads()}")
 
+    if args.true_on_policy:
+        true_on_policy_table(source, groups, args.reps)
+        return
     if args.only_megatron:
         megatron_table(source, groups, args.reps)
         return

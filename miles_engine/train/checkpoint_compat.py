@@ -20,12 +20,13 @@ LAYOUT_KEYS = ("placement.trainer", "trainer.parallel.world_size", "trainer.para
 # engines, fleet, weights: engines start from the trainer's weights (pushed in full at the first push
 # of every run), so the fleet and how weights reach it may change on resume
 # placement.backend / placement.ray: the same ranks in actors or in local processes save the same state
+# trainer.true_on_policy: the same model and updates, only the forward's rounding differs (engines follow it)
 MUTABLE = ("description", "eval", "metrics", "run", "sft", "sandbox.options", "engines", "fleet", "weights",
            "placement.backend", "placement.ray",
            "rollout.max_inflight", "rollout.poll_s", "rollout.episode_timeout_s",
            "buffer.capacity_groups", "trainer.num_threads", "trainer.sft.num_threads", "trainer.parallel.start_timeout_s",
            "trainer.parallel.step_timeout_s", "session_server.diagnose_every", "session_server.otel",
-           "session_server.max_sessions")
+           "session_server.max_sessions", "trainer.true_on_policy")
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -221,6 +221,12 @@ class TrainerConfig(_Section):
         if self.true_on_policy and self.dtype != "float32":
             raise ValueError(f"true_on_policy=true needs dtype='float32' (got {self.dtype!r}): the engine runs "
                              f"float32 weights and autocast would round differently")
+        if self.true_on_policy and self.backend != "torch":
+            raise ValueError(f"true_on_policy=true needs backend='torch' (got {self.backend!r}): the engine runs "
+                             f"the Hugging Face model, whose batch-invariant forward only the torch backend shares")
+        if self.true_on_policy and self.lora.enabled:
+            raise ValueError("true_on_policy=true does not work with lora.enabled=true: the engine runs the merged "
+                             "weights W + BA, the trainer W and BA apart, and they round differently")
         if self.mismatch.mode != "none" and a.old_logprobs == "rollout":
             raise ValueError(f"mismatch.mode={self.mismatch.mode!r} compares the trainer's log-probs with the "
                              f"rollout's: it needs algorithm.old_logprobs='recompute', not 'rollout'")

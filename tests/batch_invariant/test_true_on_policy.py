@@ -22,6 +22,8 @@ from miles_engine.engines.protocol import GenerateRequest, SamplingParams
 from miles_engine.errors import ConfigError
 from miles_engine.rollout.types import Group, Trajectory
 from miles_engine.trainer import TorchTrainer
+from miles_engine.trainer.batch import from_sft_rows
+from miles_engine.trainer.rows import as_sft_rows
 
 from ..trainer.helpers import MOE, TINY
 
@@ -62,6 +64,13 @@ def _trainer(base, **cfg) -> TorchTrainer:
                                               "mismatch": {"mode": "tis"}, "algorithm": algorithm, **cfg})
 
 
+def _micro_batch_rows(tr: TorchTrainer, groups: list[Group]) -> list[int]:
+    """Rows per micro-batch of the trainer's log-prob pass over ``groups`` (as compute_logprobs plans it)."""
+    rows = [(t.token_ids, t.loss_mask) for g in groups for t in g.trajectories]
+    sb = from_sft_rows(as_sft_rows(rows), tr.pad_id)
+    return [len(mb) for mb in tr.plan(sb, range(sb.rows))]
+
+
 def _exact(tr: TorchTrainer, groups: list[Group]) -> None:
     trajs = [t for g in groups for t in g.trajectories]
     got = tr.compute_logprobs([(t.token_ids, t.loss_mask) for t in trajs])
@@ -100,35 +109,43 @@ def test_trainer_logprobs_equal_engine_logprobs_at_every_batch_shape(model: dict
     for cfg in configs:
         for groups in rollouts:
             tr = _trainer(base, **cfg)
+            sizes = _micro_batch_rows(tr, groups)
+            n_rows = sum(sizes)
+            assert set(sizes) == {1} if cfg["max_tokens_per_micro_batch"] == 1 else sizes[0] >= min(8, n_rows)
             _exact(tr, groups)
             m = tr.train_step(groups)  # the real old-log-prob pass (separate or fused), then an update
             _numerics_exact(m, sum(sum(t.loss_mask) for g in groups for t in g.trajectories))
 
 
-def test_exact_after_a_weight_push_and_r3_routes_match_moe() -> None:
-    base, _ = load_model(MOE)
-    tr = _trainer(base, algorithm={"routing_replay": True})
+@pytest.mark.parametrize("model", [TINY, MOE], ids=["dense", "moe"])
+def test_exact_after_a_weight_push_and_r3_routes_match(model: dict) -> None:
+    """Engine and trainer stay exact after the trainer's update is pushed; MoE with R3: the
+    engine's recorded routes are replayed, and equal the trainer's own routing."""
+    moe = model is MOE
+    base, _ = load_model(model)
+    tr = _trainer(base, algorithm={"routing_replay": moe})
     engine = EmbeddedEngine.from_model(base, true_on_policy=True, max_context=128)
 
     async def main() -> None:
         try:
-            groups = await _rollout(engine, _requests(16, 4, seed=5), seed=5, routed=True)
+            groups = await _rollout(engine, _requests(16, 4, seed=5), seed=5, routed=moe)
             m = tr.train_step(groups)
             _numerics_exact(m, sum(sum(t.loss_mask) for g in groups for t in g.trajectories))
-            assert m["r3/replayed_fraction"] == 1.0
+            if moe:
+                assert m["r3/replayed_fraction"] == 1.0
             version = await engine.update_weights(dict(tr.named_tensors()), version=tr.weight_version)
             assert version == tr.weight_version == 1
-            fresh = await _rollout(engine, _requests(16, 4, seed=6), seed=6, routed=True)
+            fresh = await _rollout(engine, _requests(16, 4, seed=6), seed=6, routed=moe)
             _exact(tr, fresh)
-            # R3: the trainer's own routing of the sampled positions equals the engine's record
-            tr.set_routing(None)
-            for t in (t for g in fresh for t in g.trajectories):
-                with torch.no_grad():
-                    tr.policy(input_ids=torch.tensor([t.token_ids]), use_cache=False)
-                for i, route in enumerate(t.routed_experts):
-                    if route is not None:
-                        own = [layer.reshape(len(t.token_ids), -1)[i - 1].tolist() for layer in tr.replay.last]
-                        assert own == route
+            if moe:  # R3: the trainer's own routing of the sampled positions equals the engine's record
+                tr.set_routing(None)
+                for t in (t for g in fresh for t in g.trajectories):
+                    with torch.no_grad():
+                        tr.policy(input_ids=torch.tensor([t.token_ids]), use_cache=False)
+                    for i, route in enumerate(t.routed_experts):
+                        if route is not None:
+                            own = [layer.reshape(len(t.token_ids), -1)[i - 1].tolist() for layer in tr.replay.last]
+                            assert own == route
             m = tr.train_step(fresh)
             _numerics_exact(m, sum(sum(t.loss_mask) for g in fresh for t in g.trajectories))
             stale = tr.train_step(fresh)  # sampled by version 1, trained at version 2: staleness, not numerics
@@ -159,6 +176,10 @@ def test_without_the_mode_the_gap_is_numerics_and_nonzero() -> None:
 def test_true_on_policy_refuses_what_it_cannot_make_exact() -> None:
     with pytest.raises(ConfigError, match="true_on_policy=true needs dtype='float32'"):
         TorchTrainer(TINY, {"true_on_policy": True, "dtype": "bfloat16"})
+    with pytest.raises(ConfigError, match="true_on_policy=true needs backend='torch' \\(got 'megatron'\\)"):
+        TorchTrainer(TINY, {"true_on_policy": True, "backend": "megatron"})
+    with pytest.raises(ConfigError, match="true_on_policy=true does not work with lora.enabled=true"):
+        TorchTrainer(TINY, {"true_on_policy": True, "lora": {"enabled": True}})
     with pytest.raises(ConfigError, match="bfloat16|float32"):
         EmbeddedEngine.from_model(TINY, true_on_policy=True, dtype="bfloat16")
     from miles_engine.config.recipe import RecipeConfig
@@ -174,9 +195,10 @@ def test_true_on_policy_refuses_what_it_cannot_make_exact() -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_exact_on_gpu() -> None:
+@pytest.mark.parametrize("model", [TINY, MOE], ids=["dense", "moe"])
+def test_exact_on_gpu(model: dict) -> None:
     """The same exactness on CUDA (run by scripts/gpu_check.sh): engine and trainer on the GPU."""
-    base, _ = load_model(TINY)
+    base, _ = load_model(model)
     tr = TorchTrainer(copy.deepcopy(base), {"true_on_policy": True, "mismatch": {"mode": "tis"},
                                             "algorithm": {"grpo_std_normalization": False}}, device="cuda")
     engine = EmbeddedEngine.from_model(base, true_on_policy=True, device="cuda", max_context=128)
