@@ -1,6 +1,6 @@
 """tiny-terminal on a fleet of `server` engine processes behind the router: it learns over the
-disk_delta transport, and over broadcast (gloo) while a SIGKILLed engine process is restarted with
-the current weights (checked tensor by tensor) and the run goes on, with every group accounted for.
+disk_delta transport, and a SIGKILLed engine process is restarted with the current weights
+(broadcast, checked tensor by tensor) while the run goes on, with every group accounted for.
 
 The SFT warm start runs once per session (``warm_run`` in conftest: the recipe as shipped, then
 1 RL step on the embedded engine); each variant resumes a copy of that run directory with
@@ -23,8 +23,8 @@ from tests.train.fleet_helpers import assert_accounted, assert_learns, resume_wi
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-# broadcast: learning over it is asserted by the SIGKILL test below (through the kill), and in Ray
-# actors by tests/train/test_ray_e2e.py
+# broadcast: learning over it is asserted by tests/train/test_ray_e2e.py (the same server engines
+# and push, in Ray actors, through an engine kill); here its recovery is (the SIGKILL test below)
 @pytest.mark.parametrize("transport", ["disk_delta"])
 def test_two_server_engines_learn(warm_run: Path, tmp_path: Path, transport: str) -> None:
     run = resume_with(warm_run, tmp_path / "run", [f"weights.transport={transport}"])
@@ -61,8 +61,6 @@ def test_sigkill_of_an_engine_process_mid_run(warm_run: Path, tmp_path: Path) ->
     assert killed, "the engine process was never found to kill"
     train = [r for r in metric_rows(run) if r["step"] > 1]
     assert len(train) == 30  # the run finished
-    # two server engines over broadcast (gloo) learn, the kill notwithstanding (an engine may be down a few steps)
-    assert_learns(run, restart_steps=6)
     assert train[-1]["engines/server-0/restarts"] >= 1 and train[-1]["engines/restarts"] >= 1
     assert _engine_pid(run, "server-0") is None  # nothing left running after the run
     assert_accounted(run, train)
