@@ -78,6 +78,17 @@ def test_a_plugin_kind_is_validated_checked_and_started_behind_the_router(tmp_pa
                 await router.generate(GenerateRequest([1, 2], SamplingParams(max_new_tokens=2), session_id=f"s{i}"))
             m = router.metrics()
             assert m["engines/fake-vllm-0/requests"] == 2 and m["engines/fake-vllm-1/requests"] == 2
+            await router.pause("retract")  # a request held by a paused engine is in flight in the metrics
+            held = asyncio.create_task(router.generate(GenerateRequest([1, 2], SamplingParams(max_new_tokens=2))))
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                m = router.metrics()
+                if m["engines/fake-vllm-0/inflight"] + m["engines/fake-vllm-1/inflight"]:
+                    break
+            assert m["engines/fake-vllm-0/inflight"] + m["engines/fake-vllm-1/inflight"] == 1
+            await router.resume()
+            assert len((await held).output_ids) == 2
+            assert router.metrics()["engines/fake-vllm-0/inflight"] == router.metrics()["engines/fake-vllm-1/inflight"] == 0
         assert all(e.closed for e in kinds[0].started)  # torn down with the stack
 
     asyncio.run(asyncio.wait_for(main(), 60))
