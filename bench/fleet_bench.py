@@ -123,6 +123,8 @@ async def main() -> None:
     p.add_argument("--skip", choices=["recovery", "prefix", "training"], action="append", default=[])
     p.add_argument("--steps", type=int, default=20, help="training part: RL steps per run")
     p.add_argument("--repeats", type=int, default=2, help="training part: interleaved rounds")
+    p.add_argument("--sft-epochs", type=float, default=None,
+                   help="training part: a shorter SFT warm start than the recipe's 5 epochs (a loaded box)")
     args = p.parse_args()
     if "recovery" not in args.skip:
         rows = await recovery(args.model, args.kills)
@@ -140,7 +142,7 @@ async def main() -> None:
     if "training" not in args.skip:
         from bench.fleet_training import measure, report
 
-        report(await asyncio.to_thread(measure, args.steps, args.repeats), args.steps)
+        report(await asyncio.to_thread(measure, args.steps, args.repeats, None, args.sft_epochs), args.steps)
 
 
 if __name__ == "__main__":

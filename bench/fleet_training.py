@@ -42,13 +42,16 @@ def samples_per_s(run: Path, skip: int = 2) -> float:
     return sum(r["rollout/num_samples"] for r in train[1:]) / wall
 
 
-def measure(steps: int = 20, repeats: int = 2, fleets: dict[str, list[str]] | None = None) -> dict[str, list[float]]:
+def measure(steps: int = 20, repeats: int = 2, fleets: dict[str, list[str]] | None = None,
+            sft_epochs: float | None = None) -> dict[str, list[float]]:
+    """``sft_epochs``: a shorter warm start than the recipe's (a loaded box); the fleets still share it."""
     fleets = fleets or FLEETS
     out: dict[str, list[float]] = {name: [] for name in fleets}
     with tempfile.TemporaryDirectory(prefix="miles-fleet-bench-") as tmp:
         base = Path(tmp)
+        shorter = [] if sft_epochs is None else [f"sft.epochs={sft_epochs}"]
         _train(["tiny-terminal", "run.steps=1", "run.max_minutes=null", "metrics.progress=false",
-                f"run.out_dir={base}", "run.name=warm"])
+                f"run.out_dir={base}", "run.name=warm", *shorter])
         for rep in range(repeats):
             for i, (name, overrides) in enumerate(fleets.items()):
                 run = base / f"r{rep}-{i}"
@@ -56,6 +59,7 @@ def measure(steps: int = 20, repeats: int = 2, fleets: dict[str, list[str]] | No
                 _train(["--resume", str(run), *overrides, f"run.steps={steps + 1}", "run.max_minutes=null",
                         "metrics.progress=false"])
                 out[name].append(samples_per_s(run))
+                print(f"  round {rep + 1}, {name}: {out[name][-1]:.1f} samples/s", flush=True)
                 shutil.rmtree(run)
     return out
 

@@ -21,24 +21,26 @@ fi
 # Issue 13: tiny-terminal with the engines and the trainer on CUDA, a few RL steps, every tensor
 # compared after every push (weights.check_update_equal): an embedded engine over colocated, then
 # two `server` engine processes (bf16) over broadcast (NCCL). Prints step time, push time, tokens/s.
+# GPU_CHECK_DEVICE=cpu runs the same section on CPU (gloo): a dry run of the script's own logic.
 if [ -z "${SECTIONS}" ] || want topology; then
   out=$(mktemp -d)
+  dev=${GPU_CHECK_DEVICE:-cuda}
   quick=(run.steps=4 run.max_minutes=null metrics.progress=false sft.demos=320 sft.epochs=1
          trainer.sft.lr_schedule.total_steps=10 trainer.sft.lr_schedule.warmup_steps=2
-         trainer.parallel.device=cuda weights.check_update_equal=true "run.out_dir=${out}")
+         "trainer.parallel.device=${dev}" weights.check_update_equal=true "run.out_dir=${out}")
   for variant in embedded server; do
-    echo "== topology: ${variant}"
+    echo "== topology: ${variant} (${dev})"
     if [ "${variant}" = embedded ]; then
-      fleet=("engines=[{kind: embedded, device: cuda}]" weights.transport=colocated placement.trainer=in_process
+      fleet=("engines=[{kind: embedded, device: ${dev}}]" weights.transport=colocated placement.trainer=in_process
              rollout.mode=sync)
     else
-      fleet=("engines=[{kind: server, replicas: 2, device: cuda, dtype: bfloat16}]" weights.transport=broadcast)
+      fleet=("engines=[{kind: server, replicas: 2, device: ${dev}, dtype: bfloat16}]" weights.transport=broadcast)
     fi
-    timeout 300 python -m miles_engine.cli.main train tiny-terminal "${quick[@]}" "${fleet[@]}" "run.name=${variant}" \
-      || { failed=1; continue; }
+    timeout "${GPU_CHECK_RUN_TIMEOUT_S:-300}" python -m miles_engine.cli.main train tiny-terminal "${quick[@]}" \
+      "${fleet[@]}" "run.name=${variant}" || { failed=1; continue; }
     python - "${out}/${variant}/metrics.jsonl" <<'PY' || failed=1
 import json, statistics, sys
-rows = [json.loads(x) for x in open(sys.argv[1]) if '"kind": "train"' in x]
+rows = [r for r in map(json.loads, open(sys.argv[1])) if r.get("kind") == "train"]  # compact JSON lines
 med = lambda k: statistics.median(r.get(k, float("nan")) for r in rows)
 print(f"steps {len(rows)}  s/step {med('time/train') + med('time/wait'):.3f}  push_s {med('weights/push_s'):.3f}  "
       f"tensors checked/push {med('weights/tensors_checked'):.0f}  engines tokens/s "

@@ -62,12 +62,12 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
 def cli_hub() -> Hub:
     """The plugin hub of this command invocation: built once at the entry point, shared by every
     part of the command (outside a command: the process's hub)."""
-    from miles_engine.hub import Hub, default_hub
+    from miles_engine.hub import default_hub
 
     ctx = click.get_current_context(silent=True)
     if ctx is None:
         return default_hub()
     meta = ctx.find_root().meta
     if "miles.hub" not in meta:
-        meta["miles.hub"] = Hub()
+        meta["miles.hub"] = default_hub()
     return meta["miles.hub"]

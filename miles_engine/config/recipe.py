@@ -17,13 +17,13 @@ from miles_engine.train.config import (
     PlacementConfig,
     RolloutConfig,
     RunConfig,
+    RunSessionServerConfig,
     SFTRunConfig,
     WeightsConfig,
 )
 from miles_engine.train.policy_tokenizer import TokenizerConfig
 from miles_engine.teachers.config import OPDRunConfig
 from miles_engine.train.tiny_model import TinyModelConfig
-from miles_engine.tito.service import SessionServerConfig
 from miles_engine.trainer.config import TrainerConfig
 from miles_engine.config.yaml_source import apply_overrides, load_yaml_file
 from miles_engine.errors import ConfigError, MilesError
@@ -65,7 +65,7 @@ class RecipeConfig(Section):
         default_factory=lambda: [EngineGroupConfig()], min_length=1,
         description="engine groups behind the router (default: one embedded engine in the driver process)")
     fleet: FleetConfig = Field(default_factory=FleetConfig)
-    session_server: SessionServerConfig = Field(default_factory=SessionServerConfig)
+    session_server: RunSessionServerConfig = Field(default_factory=RunSessionServerConfig)
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     sft: SFTRunConfig = Field(default_factory=SFTRunConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)

@@ -199,12 +199,14 @@ class Router:
     def _errors(self) -> str:
         return "; ".join(f"{s.name}: {s.last_error}" for s in self.slots)
 
-    def raise_if_unhealthy_for(self, seconds: float) -> None:
-        """Raise :class:`NoHealthyEngine` when no engine has been admitted for over ``seconds``."""
+    def raise_if_unhealthy_for(self, seconds: float, *, key: str = "") -> None:
+        """Raise :class:`NoHealthyEngine` when no engine has been admitted for over ``seconds``
+        (``key``: the setting that set the limit, named in the error)."""
         since = self.no_healthy_since
         if since is not None and time.monotonic() - since > seconds:
+            limit = f"{key}={seconds:g}s" if key else f"limit {seconds:g}s"
             raise NoHealthyEngine(f"no engine behind the router has been healthy for "
-                                  f"{time.monotonic() - since:.0f}s (limit {seconds:g}s): {self._errors()}")
+                                  f"{time.monotonic() - since:.0f}s ({limit}): {self._errors()}")
 
     async def _probe(self, slot: EngineSlot) -> bool:
         try:

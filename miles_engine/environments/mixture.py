@@ -39,9 +39,9 @@ class MixtureSource:
     name = "mixture"
 
     def __init__(self, options: MixtureOptions, hub: Any = None) -> None:
-        from miles_engine.hub import Hub
+        from miles_engine.hub import default_hub
 
-        hub = hub or Hub()
+        hub = hub or default_hub()
         self.options = options
         self.sources = [hub.create("environment", e.name, e.options, where=f"environment.options.sources[{i}].options")
                         for i, e in enumerate(options.sources)]

@@ -43,7 +43,7 @@ class RolloutMode:
 
     def __init__(self, scheduler: Scheduler, *, groups_per_step: int) -> None:
         if groups_per_step < 1:
-            raise ConfigError(f"groups_per_step must be >= 1, got {groups_per_step}")
+            raise ConfigError(f"rollout.groups_per_step must be >= 1, got {groups_per_step}")
         self.scheduler = scheduler
         self.buffer: AsyncBuffer = scheduler.buffer
         self.groups_per_step = groups_per_step
@@ -164,11 +164,11 @@ def validate_mode(name: str, *, colocated: bool, groups_per_step: int, buffer: A
     if bound is None and buffer is not None:
         bound = buffer.options.max_staleness
     if name == "one_step_off" and bound == 0:
-        raise ConfigError("rollout mode 'one_step_off' has staleness 1 by construction but max_staleness is 0; "
-                          "use mode 'sync' or max_staleness >= 1")
+        raise ConfigError("rollout.mode 'one_step_off' has staleness 1 by construction but buffer.max_staleness is 0; "
+                          "use rollout.mode 'sync' or buffer.max_staleness >= 1")
     if buffer is not None and buffer.capacity < groups_per_step:
         raise ConfigError(f"buffer.capacity_groups ({buffer.capacity}) is smaller than the groups trained per "
-                          f"step ({groups_per_step}): a step could never be filled")
+                          f"step (rollout.groups_per_step: {groups_per_step}): a step could never be filled")
     if name == "fully_async" and bound is None:
         log.warning("rollout mode 'fully_async' without max_staleness: staleness is bounded only by the buffer "
                     "capacity and the in-flight budget (set buffer.max_staleness to bound it)")

@@ -21,12 +21,18 @@ def fleet_groups(model: str | None, engine_urls: Sequence[str], replicas: int, e
     from miles_engine.engines.fleet.config import EngineGroupConfig
 
     if engines_yaml:
+        from miles_engine.config.errors import format_validation_error
+
+        example = "e.g. --engines '[{kind: server, replicas: 2}]'"
         try:
             raw = yaml.safe_load(engines_yaml)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"--engines: not YAML ({str(exc).splitlines()[0]}); {example}") from exc
+        try:
             return TypeAdapter(list[EngineGroupConfig]).validate_python(raw)
-        except (yaml.YAMLError, ValidationError) as exc:
-            raise ConfigError(f"--engines: not a list of engine groups ({exc}); e.g. "
-                              f"--engines '[{{kind: server, replicas: 2}}]'") from exc
+        except ValidationError as exc:
+            why = "; ".join(format_validation_error(exc, prefix="engines").splitlines())
+            raise ConfigError(f"--engines: not a list of engine groups: {why}; {example}") from exc
     if engine_urls:
         return [EngineGroupConfig(kind="external", replicas=len(engine_urls), options={"urls": list(engine_urls)})]
     if not model:

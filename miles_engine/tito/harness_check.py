@@ -72,7 +72,7 @@ async def check_harness(command: str, *, sessions: int = 2, preset: str = "custo
     """Run the harness agent ``sessions`` times in sandboxes of ``backend`` against a scripted policy
     (docker: image ubuntu:24.04, which the engine's image map may stand in for)."""
     from miles_engine.environments.protocol import TaskLimits
-    from miles_engine.hub import Hub
+    from miles_engine.hub import default_hub
     from miles_engine.rollout.episode import run_episode
     from miles_engine.tito import make_codec
     from miles_engine.tito.harness import HarnessAgent, HarnessAgentOptions
@@ -83,7 +83,7 @@ async def check_harness(command: str, *, sessions: int = 2, preset: str = "custo
     codec = make_codec(family, tokenizer or ("builtin:qwen3" if family == "qwen3" else f"builtin:bpe-{family}"))
     engine = ScriptedEngine(codec.tokenizer, tool_then_answer(codec, tool_command), canonical=False)
     manager = SessionManager(engine, codec, SessionServerConfig())
-    sandboxes = Hub().create("sandbox", backend, backend_options or {}, where="check-harness sandbox options")
+    sandboxes = default_hub().create("sandbox", backend, backend_options or {}, where="check-harness sandbox options")
     task = _ShellTask(TaskLimits(agent_timeout_s=timeout_s, verifier_timeout_s=10, max_turns=8),
                       image="ubuntu:24.04" if backend == "docker" else None)
     server = ServerThread(create_app(manager))

@@ -26,7 +26,8 @@ MUTABLE = ("description", "eval", "metrics", "run", "sft", "sandbox.options", "e
            "rollout.max_inflight", "rollout.poll_s", "rollout.episode_timeout_s",
            "buffer.capacity_groups", "trainer.num_threads", "trainer.sft.num_threads", "trainer.parallel.start_timeout_s",
            "trainer.parallel.step_timeout_s", "session_server.diagnose_every", "session_server.otel",
-           "session_server.max_sessions", "trainer.true_on_policy")
+           "session_server.max_sessions", "trainer.true_on_policy", "session_server.host",
+           "session_server.port")
 
 
 def flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

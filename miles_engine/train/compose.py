@@ -151,7 +151,7 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
                                       ranks=None if placement is None else placement.trainer_ranks())
     stack.push_async_callback(asyncio.to_thread, trainer.close)
     engines, fleet = await _start_engines(cfg, kinds, run_dir, policy, trainer, placement, stack)
-    server = await _start_server(cfg, engines, codec, stack)
+    server = await _start_server(cfg, run_dir, engines, codec, stack)
     transport = await _start_transport(cfg, run_dir, engines, fleet, trainer, resumed, placement, stack)
     opd = _build_opd(cfg, hub, run_dir, codec, source, tasks, metrics, engines, stack)
     reward = _build_reward(cfg, hub, stack)
@@ -210,13 +210,19 @@ async def _start_engines(cfg: RecipeConfig, kinds: list[Any], run_dir: Path, pol
     return await start_fleet(cfg.engines, kinds, ctx, stack, cfg.fleet), ctx
 
 
-async def _start_server(cfg: RecipeConfig, engines: Any, codec: Any, stack: AsyncExitStack) -> Any:
+async def _start_server(cfg: RecipeConfig, run_dir: Path, engines: Any, codec: Any, stack: AsyncExitStack) -> Any:
     from miles_engine.tito.client import close_pools
     from miles_engine.tito.serve import start_session_server
 
-    server = await start_session_server(engines, codec, config=cfg.session_server)
+    s = cfg.session_server
+    server = await start_session_server(engines, codec, host=s.host, port=s.port, config=s)
     stack.push_async_callback(server.stop)
     stack.push_async_callback(close_pools)
+    # harnesses in other processes or sandboxes find the run's session server here (POST /sessions)
+    url_file = run_dir / "session_server.url"
+    url_file.write_text(server.url + "\n")
+    stack.callback(url_file.unlink, missing_ok=True)
+    print(f"session server: {server.url} (POST /sessions; also in {url_file})", flush=True)
     return server
 
 

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from miles_engine.cluster.config import RayOptions
 from miles_engine.rollout.scheduler import SchedulerOptions
+from miles_engine.tito.service import SessionServerConfig
 from miles_engine.train.sft_data import SFTDatasetConfig
 from miles_engine.weights.check.options import CheckOptions, CheckTolerance
 from miles_engine.weights.disk_delta.options import DiskDeltaOptions
@@ -66,6 +67,15 @@ class RolloutConfig(SchedulerOptions):
     mode: Literal["sync", "one_step_off", "fully_async"] = "fully_async"
     groups_per_step: int = Field(8, ge=1)
     task_seed: int = 0
+
+
+class RunSessionServerConfig(SessionServerConfig):
+    """The run's session server: the manager's options plus where it listens, so a harness in another
+    process or sandbox can drive the run's sessions (its URL is written to RUN_DIR/session_server.url)."""
+
+    host: str = Field("127.0.0.1", description="address the run's session server binds (loopback by default; a "
+                      "harness in a container needs an address it can reach)")
+    port: int = Field(0, ge=0, le=65535, description="its port (0: any free port)")
 
 
 class WeightsConfig(_Section):

@@ -95,7 +95,8 @@ class TrainingRun:
         try:
             while not get.done():  # the fleet is watched while the step waits for its groups
                 await asyncio.wait([get], timeout=1.0)
-                self.parts.engines.raise_if_unhealthy_for(self.cfg.fleet.unhealthy_timeout_s)
+                self.parts.engines.raise_if_unhealthy_for(self.cfg.fleet.unhealthy_timeout_s,
+                                                         key="fleet.unhealthy_timeout_s")
         finally:
             get.cancel()
         groups = get.result()

@@ -50,3 +50,25 @@ def test_a_bare_manager_is_a_valid_hub() -> None:
     pm = pluggy.PluginManager(PROJECT_NAME)
     pm.add_hookspecs(hookspecs)
     assert Hub(pm).names("engine") == []
+
+
+def test_a_command_and_what_it_builds_share_the_process_hub(monkeypatch) -> None:
+    """`miles ...` builds its hub at the entry point; a mixture environment built inside it (which
+    creates its member environments) and the session helpers use that same hub, not new managers."""
+    import click
+
+    from miles_engine import hub as hub_module
+    from miles_engine.cli.common import cli_hub
+
+    monkeypatch.delenv("MILES_PLUGINS", raising=False)
+    monkeypatch.delenv("MILES_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    monkeypatch.setattr(hub_module, "_DEFAULT_HUB", None)  # this process's hub is built below, once
+    built: list[object] = []
+    real = hub_module.get_plugin_manager
+    monkeypatch.setattr(hub_module, "get_plugin_manager", lambda *a, **k: built.append(1) or real(*a, **k))
+    with click.Context(click.Command("miles")):
+        hub = cli_hub()
+        assert cli_hub() is hub is default_hub()
+        mixture = hub.create("environment", "mixture",
+                             {"sources": [{"name": "terminal-tasks"}, {"name": "terminal-tasks"}]})
+    assert len(mixture.sources) == 2 and len(built) == 1

@@ -69,3 +69,25 @@ def test_session_server_over_two_launched_engines(tmp_path: Path) -> None:
         assert _engine_pids(str(state)) == [], "an engine process outlived the session server"
 
     asyncio.run(main())
+
+
+def test_the_command_line_picks_the_fleet() -> None:
+    """--engine-url: external servers (one engine per URL); --engines: any recipe-style list, checked
+    like a recipe; --model with --replicas: launched server processes; nothing: one error saying what to give."""
+    from miles_engine.errors import ConfigError
+    from miles_engine.tito.fleet_serve import fleet_groups
+
+    [ext] = fleet_groups(None, ["http://127.0.0.1:30000", "http://127.0.0.1:30001"], 1, None)
+    assert ext.kind == "external" and ext.replicas == 2 and ext.options["urls"][1].endswith(":30001")
+    [srv] = fleet_groups("tiny:qwen3", [], 3, None)
+    assert srv.kind == "server" and srv.replicas == 3
+    a, b = fleet_groups(None, [], 1, "[{kind: server, replicas: 2, dtype: bfloat16}, {kind: external, "
+                                      "options: {urls: ['http://127.0.0.1:1']}}]")
+    assert (a.kind, a.replicas, a.dtype, b.kind) == ("server", 2, "bfloat16", "external")
+    with pytest.raises(ConfigError) as err:
+        fleet_groups(None, [], 1, "[{kind: server, device: gpu}]")
+    assert "\n" not in str(err.value) and "bad value for 'engines.0.device' (got 'gpu')" in str(err.value)
+    with pytest.raises(ConfigError, match="unknown key 'engines.0.replica'"):
+        fleet_groups(None, [], 1, "[{kind: server, replica: 2}]")
+    with pytest.raises(ConfigError, match="--model.*--engine-url.*--engines"):
+        fleet_groups(None, [], 1, None)
