@@ -64,6 +64,10 @@ class DockerSandboxBackend:
         """Per-step metrics: create / exec / destroy latency (p50, p95, n), builds and build cache hits."""
         return self.metrics.snapshot()
 
+    def step_metrics(self) -> dict[str, float]:
+        """The training log's ``sandbox/*`` for one step: latencies and image counts since the last call."""
+        return self.metrics.window()
+
     async def ping(self) -> str:
         """The engine's version; raises the one-line unreachable error when there is none."""
         res = await self.cli.run(["version", "--format", "{{.Server.Version}}"], what="docker version", timeout_s=10)
@@ -88,6 +92,8 @@ class DockerSandboxBackend:
         try:
             await self.limiter.pace()
             t0 = time.monotonic()
+            if spec.services or spec.volumes:
+                await services.create_volumes(self, sb, labels)
             if spec.services:
                 sb.network = await services.create_network(self, sb, labels)
                 await services.start_services(self, sb, sb.network, labels, run_id)
@@ -145,6 +151,8 @@ class DockerSandboxBackend:
             args += ["--env", f"{key}={value}"]
         if spec.user:
             args += ["--user", spec.user]
+        if spec.volumes:
+            args += services.volume_args(labels[SANDBOX_LABEL], spec.volumes)
         args += ["--workdir", spec.workdir or "/", "--entrypoint", "/bin/sh", image, "-c", KEEPALIVE, "miles-keepalive"]
         args.append(f"{spec.ttl_s:g}" if spec.ttl_s else "")
         return args
@@ -246,6 +254,8 @@ class DockerSandboxBackend:
         dead_nets = [n for n, owner in await services.networks_labelled(self, f"{BACKEND_LABEL}={self.name}")
                      if owner and owner_is_dead(owner)]
         await services.remove_networks(self, dead_nets)
+        await services.remove_volumes(self, [v for v, owner in await services.networks_labelled(
+            self, f"{BACKEND_LABEL}={self.name}", kind="volume") if owner and owner_is_dead(owner)])
         if removed:
             log.warning("docker sandbox: removed %d container(s) left by dead miles processes: %s",
                         len(removed), ", ".join(removed))
@@ -274,6 +284,8 @@ class DockerSandboxBackend:
             await self._remove(cid, sid)
             removed.append(sid)
         await services.remove_networks(self, [n for n, _ in await services.networks_labelled(self, f"{RUN_LABEL}={run_id}")])
+        await services.remove_volumes(self, [v for v, _ in await services.networks_labelled(
+            self, f"{RUN_LABEL}={run_id}", kind="volume")])
         if removed:
             log.info("swept %d docker sandbox(es) of run %s", len(removed), run_id)
         return removed

@@ -49,6 +49,7 @@ class DockerSandbox:
         self.container_id = ""  # the engine's full id (as in the host's cgroup paths)
         self.network: str | None = None  # its own network, when it has services
         self.service_containers: list[str] = []
+        self.volumes: list[str] = []  # engine volumes of its compose volume names
         self._close_task: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -93,7 +94,7 @@ class DockerSandbox:
         try:
             await self.backend._remove(self.container, self.id)
         finally:
-            if self.network or self.service_containers:
+            if self.network or self.service_containers or self.volumes:
                 from miles_sandbox_docker.services import remove_services
 
                 await remove_services(self.backend, self)

@@ -142,6 +142,11 @@ def test_build_is_cached_by_content_and_from_lines_are_mapped(tmp_path: Path):
     stats = be.stats()
     assert stats["sandbox/builds"] == 1 and stats["sandbox/build_cache_hits"] == 1
     assert stats["sandbox/create_n"] == 2 and stats["sandbox/destroy_n"] == 2 and stats["sandbox/exec_n"] == 2
+    step = be.step_metrics()  # what the training log gets for a step: since the last call
+    assert (step["sandbox/builds"], step["sandbox/build_cache_hits"], step["sandbox/create_n"]) == (1, 1, 2)
+    assert 0 < step["sandbox/create_p50_s"] <= step["sandbox/create_p95_s"] and step["sandbox/destroy_p50_s"] > 0
+    nothing = be.step_metrics()
+    assert nothing["sandbox/builds"] == nothing["sandbox/exec_n"] == 0 and "sandbox/exec_p50_s" not in nothing
     assert (ctx / "Dockerfile").read_text().startswith("FROM ubuntu:24.04")  # the task dir is not modified
 
 
@@ -291,3 +296,59 @@ def test_sidecar_that_never_gets_healthy_fails_naming_it():
     with pytest.raises(SandboxError, match=r"service 'db' not healthy within 3s \(healthcheck 'false'"):
         run(be.create(SandboxSpec(services=(bad,))))
     assert containers_of(be.run_id) == []
+
+
+COMPOSE_ORDERED = """\
+services:
+  client:
+    depends_on: {api: {condition: service_healthy}}
+    volumes: ["shared:/shared"]
+  init:
+    image: ubuntu:24.04
+    command: ["/bin/sh", "-c", "sleep 1; cat /seed/word > /data/word; echo INIT_EXIT"]
+    volumes: ["shared:/data", "./seed:/seed:ro"]
+  api:
+    image: ubuntu:24.04
+    depends_on: {init: {condition: service_completed_successfully}}
+    # serves what init left in the shared volume; fails at once if init had not finished first
+    command: ["/bin/sh", "-c", "test -s /data/word && exec python3 -m http.server 8000 --directory /data"]
+    volumes: [{type: volume, source: shared, target: /data, read_only: true}]
+    healthcheck: {test: ["CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen('http://localhost:8000/word')"]}
+"""
+
+
+def test_compose_depends_on_order_and_shared_volumes(tmp_path: Path):
+    from miles_engine.sandbox.compose import load_services
+
+    (tmp_path / "seed").mkdir()
+    (tmp_path / "seed" / "word").write_text("ordered\n")
+    compose = tmp_path / "docker-compose.yaml"
+    compose.write_text(COMPOSE_ORDERED)
+    loaded = load_services(compose, main="client")
+    spec = SandboxSpec(services=loaded.sidecars, volumes=loaded.main_volumes)
+    be = backend()
+
+    async def go():
+        async with await be.create(spec) as sb:
+            got = await sb.exec("cat /shared/word; python3 -c \"import urllib.request; print(urllib.request.urlopen("
+                                "'http://api:8000/word', timeout=10).read().decode().strip())\"", timeout_s=30)
+            ro = await sb.exec("touch /shared/x && echo WROTE", timeout_s=30)
+            return got, ro, list(sb.volumes)
+
+    got, ro, vols = run(go())
+    assert got.ok and got.stdout.split() == ["ordered", "ordered"], got
+    assert ro.ok and "WROTE" in ro.stdout  # the client's own mount is read-write; api's is read-only
+    assert len(vols) == 1 and containers_of(be.run_id) == []
+    left = subprocess.run(["docker", "volume", "ls", "--quiet", "--filter", f"label={RUN_LABEL}={be.run_id}"],
+                          capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert left == []
+
+    # a one-shot service that fails stops the sandbox's creation, naming it and its exit code
+    compose.write_text(COMPOSE_ORDERED.replace("echo INIT_EXIT", "exit 3"))
+    bad = load_services(compose, main="client")
+    with pytest.raises(SandboxError, match=r"service 'init' exited with code 3 \(service_completed_successfully\)"):
+        run(be.create(SandboxSpec(services=bad.sidecars, volumes=bad.main_volumes)))
+    assert containers_of(be.run_id) == []
+    left = subprocess.run(["docker", "volume", "ls", "--quiet", "--filter", f"label={RUN_LABEL}={be.run_id}"],
+                          capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    assert left == []
