@@ -50,6 +50,7 @@ class DockerSandbox:
         self.network: str | None = None  # its own network, when it has services
         self.service_containers: list[str] = []
         self.volumes: list[str] = []  # engine volumes of its compose volume names
+        self._follow = [] if self.cli.engine_name() == "podman" else ["-L"]  # podman cp follows links itself
         self._close_task: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -139,7 +140,7 @@ class DockerSandbox:
             args += ["-e", f"{key}={value}"]
         if user is not None:
             args += ["-u", user]
-        args += [self.container, "/bin/sh", "-c", EXEC_WRAPPER, "miles-exec", cwd or ".", *tail]
+        args += [self.container, "/bin/sh", "-c", EXEC_WRAPPER, "miles-exec", cwd or self.spec.workdir or ".", *tail]
 
         t0 = time.monotonic()
         proc = await self.cli.spawn(args, stdin=stdin is not None)
@@ -294,7 +295,7 @@ class DockerSandbox:
 
         async def call() -> tuple[bytes, bool]:
             res = await self.cli.run(
-                ["cp", "-L", f"{self.container}:{path}", "-"], what=what, max_stdout=limit, check=False
+                ["cp", *self._follow, f"{self.container}:{path}", "-"], what=what, max_stdout=limit, check=False
             )
             if res.rc != 0:
                 if "could not find the file" in res.err.lower() or "no such file" in res.err.lower():

@@ -222,7 +222,7 @@ async def networks_labelled(be: DockerSandboxBackend, label: str, kind: str = "n
     from miles_sandbox_docker.lifecycle import OWNER_LABEL
 
     res = await be.cli.run([kind, "ls", "--filter", f"label={label}", "--format",
-                            '{{.Name}}\t{{.Label "' + OWNER_LABEL + '"}}'], what=f"list {kind}s", check=False)
+                            '{{.Name}}\t' + be.cli.label(OWNER_LABEL)], what=f"list {kind}s", check=False)
     if res.rc != 0:
         return []
     out = []

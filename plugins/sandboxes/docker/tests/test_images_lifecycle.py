@@ -49,6 +49,8 @@ def test_failed_step_from_classic_and_buildkit_output():
     assert failed_step(buildkit) == "step 2/2: RUN pip install numpy"
     assert failed_step('ERROR: process "/bin/sh -c false" did not complete successfully') == "RUN false"
     assert failed_step("no steps at all") is None
+    podman = "STEP 1/3: FROM ubuntu:24.04\nSTEP 2/3: RUN true\nSTEP 3/3: RUN apt-get update\nError: building at STEP"
+    assert failed_step(podman) == "step 3/3: RUN apt-get update"
 
 
 def test_image_map_from_the_environment(monkeypatch):
