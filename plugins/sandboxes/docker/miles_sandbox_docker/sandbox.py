@@ -332,6 +332,8 @@ class DockerSandbox:
         if not local.is_dir():
             raise NotADirectoryError(f"upload_dir: local path is not a directory: {local}")
         target = tarstream.absolute(remote, self.spec.workdir)
+        if not any(local.iterdir()):
+            return  # nothing to copy (podman's cp refuses an empty tar stream)
         tar = await asyncio.to_thread(tarstream.pack_dir, local, target)
         await self._cp_in(tar, "/", f"upload_dir '{local}' -> '{remote}' in sandbox {self.id}")
 
