@@ -74,6 +74,24 @@ class BuildContext(_Model):
     dockerfile: str = "Dockerfile"
 
 
+ServiceCondition = Literal["service_started", "service_healthy", "service_completed_successfully"]
+
+
+class VolumeMount(_Model):
+    """A Docker Compose volume of a sandbox's containers. ``source``: a volume name (created for
+    the sandbox, shared by each of its containers that mounts the name, removed with it), an
+    absolute host directory (a bind; compose files may bind only directories of their task), or
+    '' (an anonymous volume of one container)."""
+
+    source: str = Field(pattern=r"^(|/.*|[a-zA-Z0-9][a-zA-Z0-9_.-]*)$")
+    target: str = Field(pattern=r"^/")
+    read_only: bool = False
+
+    @property
+    def is_bind(self) -> bool:
+        return self.source.startswith("/")
+
+
 class ServiceSpec(_Model):
     """A sidecar container (a Docker Compose service besides the agent's): the sandbox's
     commands reach it by ``name`` on a private network; it is started, and healthy, before
@@ -86,6 +104,11 @@ class ServiceSpec(_Model):
     command: tuple[str, ...] | None = None  # argv; None: the image's own
     healthcheck: tuple[str, ...] | None = None  # argv run inside the service until it exits 0
     ready_timeout_s: float = Field(120.0, gt=0)
+    volumes: tuple[VolumeMount, ...] = ()
+    depends_on: Mapping[str, ServiceCondition] = Field(default_factory=dict)  # started only once these hold
+    # what the agent's container waits for; None: completed when another service waits for its
+    # completion, else healthy when it has a healthcheck, else started
+    main_waits_for: ServiceCondition | None = None
 
 
 class SandboxSpec(_Model):
@@ -110,6 +133,7 @@ class SandboxSpec(_Model):
     user: str | None = None
     min_isolation: IsolationLevel = "process"
     services: tuple[ServiceSpec, ...] = ()  # sidecars (compose services), backends with Capabilities.services
+    volumes: tuple[VolumeMount, ...] = ()  # compose volumes of the agent's container (same backends)
 
 
 class Capabilities(_Model):
@@ -226,6 +250,8 @@ def unmet_needs(spec: SandboxSpec, caps: Capabilities) -> list[str]:
         needs.append(f"{spec.resources.gpus} GPU(s)")
     if spec.services and not caps.services:
         needs.append(f"sidecar services {', '.join(sv.name for sv in spec.services)} (Docker Compose)")
+    if spec.volumes and not caps.services:
+        needs.append(f"volumes {', '.join(v.target for v in spec.volumes)} (Docker Compose)")
     if spec.user and not caps.run_as_user:
         needs.append(f"running as user '{spec.user}'")
     if caps.max_cpus and spec.resources.cpus and spec.resources.cpus > caps.max_cpus:

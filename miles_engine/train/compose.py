@@ -60,6 +60,7 @@ class Components:
     evaluator: Any  # Evaluator: after_step(step, version) (a no-op one without eval.every)
     progress: RunProgress
     placement: Any = None  # RayPlacement under placement.backend=ray, else None
+    sandboxes: Any = None  # the SandboxBackend (its optional step_metrics() feeds sandbox/* per step)
     resume_sft: bool = False  # --resume of a run stopped during its sft.dataset warm start
 
 
@@ -168,7 +169,7 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
                       tokenizer_sha=tokenizer_sha, trainer=trainer, engines=engines, server=server,
                       transport=transport, buffer=buffer, scheduler=scheduler, mode=mode, opd=opd, metrics=metrics,
                       samples=samples, resumed=resumed, policy=policy, evaluator=evaluator, progress=progress,
-                      placement=placement, resume_sft=resume_sft)
+                      placement=placement, resume_sft=resume_sft, sandboxes=sandboxes)
 
 
 def _preflight_sandbox(cfg: RecipeConfig, source: Any, tasks: Any, sandboxes: Any) -> None:

@@ -1,4 +1,5 @@
-"""Per-step engine figures from an engine's cumulative counters (the embedded engine's ``stats()``)."""
+"""Per-step engine figures from an engine's cumulative counters (the embedded engine's ``stats()``),
+and the sandbox backend's per-step figures (its optional ``step_metrics()``)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,14 @@ class EngineStepMetrics:
                 "engine/mean_decode_batch": delta("batch_rows") / steps if steps else 0.0,
                 "engine/busy_fraction": min(1.0, delta("busy_s") / dt),
                 "engine/output_tokens_per_s": delta("output_tokens") / dt}
+
+
+def sandbox_step_metrics(backend: Any) -> dict[str, float]:
+    """``sandbox/*`` for one logged step from a backend with ``step_metrics()`` (the docker backend:
+    create / exec / destroy latency p50 / p95 / n, builds and build cache hits since the last step);
+    backends without one contribute nothing."""
+    step_metrics = getattr(backend, "step_metrics", None)
+    if not callable(step_metrics):
+        return {}
+    out = step_metrics()
+    return {k: float(v) for k, v in out.items()} if isinstance(out, dict) else {}

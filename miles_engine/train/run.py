@@ -10,7 +10,7 @@ from typing import Any
 from miles_engine.rollout.types import Group
 from miles_engine.train import checkpoint, consumed, crash_points, resume
 from miles_engine.train.compose import Components
-from miles_engine.train.engine_metrics import EngineStepMetrics
+from miles_engine.train.engine_metrics import EngineStepMetrics, sandbox_step_metrics
 from miles_engine.train.group_metrics import group_metrics
 
 _UNPREFIXED = ("opd/", "tis/")  # trainer metrics the report reads under their own names
@@ -144,6 +144,7 @@ class TrainingRun:
         metrics.update(self.mode.metrics())
         metrics.update(self.last_push.metrics())
         metrics.update(self.engine_metrics.metrics())
+        metrics.update(sandbox_step_metrics(p.sandboxes))
         fleet_metrics = getattr(p.engines, "metrics", None)
         if callable(fleet_metrics):
             metrics.update(fleet_metrics())

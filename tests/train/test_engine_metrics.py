@@ -38,3 +38,14 @@ def test_engines_without_a_stats_dict_add_nothing():
 
     assert EngineStepMetrics(object()).metrics() == {}
     assert EngineStepMetrics(Router()).metrics() == {}
+
+
+def test_sandbox_step_metrics_come_from_backends_that_have_them():
+    from miles_engine.train.engine_metrics import sandbox_step_metrics
+
+    class Backend:
+        def step_metrics(self) -> dict:
+            return {"sandbox/create_p50_s": 0.5, "sandbox/builds": 1}
+
+    assert sandbox_step_metrics(Backend()) == {"sandbox/create_p50_s": 0.5, "sandbox/builds": 1.0}
+    assert sandbox_step_metrics(object()) == {} and sandbox_step_metrics(None) == {}

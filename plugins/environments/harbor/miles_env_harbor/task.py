@@ -19,7 +19,7 @@ from typing import Any, Literal
 from miles_engine.environments.base import SandboxTask
 from miles_engine.environments.protocol import EpisodeContext, Message, NoReferenceSolution, RewardResult, TaskLimits
 from miles_engine.errors import SandboxUnsupportedError, TaskFormatError
-from miles_engine.sandbox.compose import load_sidecars
+from miles_engine.sandbox.compose import load_services
 from miles_engine.sandbox.protocol import BuildContext, NetworkPolicy, Resources, SandboxSpec
 
 from miles_env_harbor import verifier
@@ -150,8 +150,8 @@ class HarborTask(SandboxTask):
         if overlay is None or self.ignore_dockerfile:
             return spec
         # Compose fills unset variables with "" (and warns); Harbor's own ones name host paths.
-        sidecars = load_sidecars(overlay, main=MAIN_SERVICE, variables=dict(os.environ), strict=False)
-        return spec.model_copy(update={"services": sidecars})
+        loaded = load_services(overlay, main=MAIN_SERVICE, variables=dict(os.environ), strict=False)
+        return spec.model_copy(update={"services": loaded.sidecars, "volumes": loaded.main_volumes})
 
     def _compose_overlay(self) -> Path | None:
         for name in ("docker-compose.yaml", "docker-compose.yml"):

@@ -3,8 +3,8 @@
 terminal-bench starts the file with ``docker compose`` after filling the ``T_BENCH_*``
 variables; what the client service says (its build context and Dockerfile, or its image, its
 environment and working directory) becomes the task's :class:`SandboxSpec`. The variables are
-filled as terminal-bench fills them for the paths inside the container; host-side log paths
-(volumes) have no equivalent here and are ignored. The other services become sidecars
+filled as terminal-bench fills them for the paths inside the container; the client's binds of
+host-side log paths have no equivalent here and are ignored (its named volumes are kept). The other services become sidecars
 (:class:`ServiceSpec`: image or build, environment, command, healthcheck), reachable by name
 from the client on a private network, on backends that run them (docker).
 """
@@ -20,7 +20,6 @@ import yaml
 
 from miles_engine.errors import TaskFormatError
 from miles_engine.sandbox import compose
-from miles_engine.sandbox.protocol import ServiceSpec
 
 CLIENT = "client"
 
@@ -92,6 +91,6 @@ def load_client(path: Path, task_id: str, service: str = CLIENT) -> ClientServic
     return ClientService(context_dir=context, dockerfile=dockerfile, env=env, workdir=workdir)
 
 
-def load_sidecars(path: Path, task_id: str, client: str = CLIENT) -> tuple[ServiceSpec, ...]:
-    """The services of ``path`` other than the client, as sidecar specs."""
-    return compose.load_sidecars(path, main=client, variables=tbench_vars(task_id))
+def load_services(path: Path, task_id: str, client: str = CLIENT) -> compose.ComposeServices:
+    """The sidecars of ``path`` and the client's named volumes."""
+    return compose.load_services(path, main=client, variables=tbench_vars(task_id))

@@ -27,7 +27,7 @@ from miles_engine.environments.protocol import EpisodeContext, Message, NoRefere
 from miles_engine.errors import SandboxUnsupportedError, TaskFormatError
 from miles_engine.sandbox.protocol import BuildContext, NetworkPolicy, SandboxSpec
 
-from miles_env_terminal_bench.compose import load_client, load_sidecars
+from miles_env_terminal_bench.compose import load_client, load_services
 from miles_env_terminal_bench.config import TBTaskConfig, load_solution_yaml, load_task_yaml
 from miles_env_terminal_bench.parser import parse_pytest_output
 
@@ -82,7 +82,7 @@ class TerminalBenchTask(SandboxTask):
         return [{"role": "user", "content": self.config.prompt_text}]
 
     def sandbox_spec(self) -> SandboxSpec:
-        build, image, env, workdir, sidecars = None, None, {}, "/app", ()
+        build, image, env, workdir, sidecars, volumes = None, None, {}, "/app", (), ()
         if not self.ignore_dockerfile:
             compose = self.task_dir / "docker-compose.yaml"
             if compose.is_file():
@@ -90,7 +90,8 @@ class TerminalBenchTask(SandboxTask):
                 if client.context_dir is not None:
                     build = BuildContext(context_dir=client.context_dir, dockerfile=client.dockerfile)
                 image, env, workdir = client.image, client.env, client.workdir or workdir
-                sidecars = load_sidecars(compose, self.id)
+                loaded = load_services(compose, self.id)
+                sidecars, volumes = loaded.sidecars, loaded.main_volumes
             elif (self.task_dir / "Dockerfile").is_file():
                 build = BuildContext(context_dir=self.task_dir)
         return SandboxSpec(
@@ -102,6 +103,7 @@ class TerminalBenchTask(SandboxTask):
             network=NetworkPolicy(mode=self.network),
             labels={"miles.source": str(self.metadata["source"]), "miles.task": self.id},
             services=sidecars,
+            volumes=volumes,
         )
 
     def _solution_script(self) -> bytes:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import secrets
 import time
 from typing import Any
@@ -21,6 +22,20 @@ from miles_sandbox_docker.scripts import KEEPALIVE, SETUP
 
 log = logging.getLogger(__name__)
 BACKEND_LABEL = "miles.backend"
+
+
+def podman_inherited_ulimits() -> list[str]:
+    """Podman drops containers.conf's default_ulimits once any --ulimit is given and asks for
+    its own nofile / nproc, which runc (a child of the CLI: no daemon) may not raise past this
+    process's hard limits ("error setting rlimit type 7"). Ask for no more than those (nproc at
+    most 32768: higher values were refused on a Debian 12 host whose hard limit was above them;
+    the pids limit is what bounds processes anyway)."""
+    args = []
+    for name, which, cap in (("nofile", resource.RLIMIT_NOFILE, 1 << 20), ("nproc", resource.RLIMIT_NPROC, 32768)):
+        hard = resource.getrlimit(which)[1]
+        value = cap if hard == resource.RLIM_INFINITY else min(hard, cap)
+        args += ["--ulimit", f"{name}={value}:{value}"]
+    return args
 
 
 class DockerSandboxBackend:
@@ -64,6 +79,10 @@ class DockerSandboxBackend:
         """Per-step metrics: create / exec / destroy latency (p50, p95, n), builds and build cache hits."""
         return self.metrics.snapshot()
 
+    def step_metrics(self) -> dict[str, float]:
+        """The training log's ``sandbox/*`` for one step: latencies and image counts since the last call."""
+        return self.metrics.window()
+
     async def ping(self) -> str:
         """The engine's version; raises the one-line unreachable error when there is none."""
         res = await self.cli.run(["version", "--format", "{{.Server.Version}}"], what="docker version", timeout_s=10)
@@ -89,6 +108,8 @@ class DockerSandboxBackend:
         try:
             await self.limiter.pace()
             t0 = time.monotonic()
+            if spec.services or spec.volumes:
+                await services.create_volumes(self, sb, labels)
             if spec.services:
                 sb.network = await services.create_network(self, sb, labels)
                 await services.start_services(self, sb, sb.network, labels, run_id)
@@ -142,13 +163,20 @@ class DockerSandboxBackend:
             args += ["--pids-limit", str(o.pids_limit)]
         if o.max_file_size_mb:
             args += ["--ulimit", f"fsize={o.max_file_size_mb << 20}"]
+            if self.cli.engine_name() == "podman":
+                args += podman_inherited_ulimits()
         for key, value in spec.env.items():
             args += ["--env", f"{key}={value}"]
         for path, host in o.ro_binds.items():
             args += ["--volume", f"{host}:{path}:ro"]
         if spec.user:
             args += ["--user", spec.user]
-        args += ["--workdir", spec.workdir or "/", "--entrypoint", "/bin/sh", image, "-c", KEEPALIVE, "miles-keepalive"]
+        if spec.volumes:
+            args += services.volume_args(labels[SANDBOX_LABEL], spec.volumes)
+        # podman refuses a --workdir the image lacks (docker creates it); setup creates it, and
+        # commands start there either way
+        workdir = spec.workdir or "/" if self.cli.engine_name() == "docker" else "/"
+        args += ["--workdir", workdir, "--entrypoint", "/bin/sh", image, "-c", KEEPALIVE, "miles-keepalive"]
         args.append(f"{spec.ttl_s:g}" if spec.ttl_s else "")
         return args
 
@@ -233,7 +261,7 @@ class DockerSandboxBackend:
             return []
 
     async def _sweep_orphans(self) -> list[str]:
-        fmt = "{{.ID}}\t{{.Label \"" + SANDBOX_LABEL + "\"}}\t{{.Label \"" + OWNER_LABEL + "\"}}"
+        fmt = "{{.ID}}\t" + self.cli.label(SANDBOX_LABEL) + "\t" + self.cli.label(OWNER_LABEL)
         listed = await self.cli.run(
             ["ps", "--all", "--no-trunc", "--filter", f"label={BACKEND_LABEL}={self.name}", "--format", fmt],
             what="list docker sandboxes", check=False,
@@ -249,6 +277,8 @@ class DockerSandboxBackend:
         dead_nets = [n for n, owner in await services.networks_labelled(self, f"{BACKEND_LABEL}={self.name}")
                      if owner and owner_is_dead(owner)]
         await services.remove_networks(self, dead_nets)
+        await services.remove_volumes(self, [v for v, owner in await services.networks_labelled(
+            self, f"{BACKEND_LABEL}={self.name}", kind="volume") if owner and owner_is_dead(owner)])
         if removed:
             log.warning("docker sandbox: removed %d container(s) left by dead miles processes: %s",
                         len(removed), ", ".join(removed))
@@ -258,7 +288,7 @@ class DockerSandboxBackend:
         """Remove every container labelled ``miles.run=run_id``; return their sandbox ids."""
         if not run_id:
             raise SandboxError("sweep needs a run id")
-        fmt = "{{.ID}}\t{{.Label \"" + SANDBOX_LABEL + "\"}}"
+        fmt = "{{.ID}}\t" + self.cli.label(SANDBOX_LABEL)
         listed = await retry_idempotent(
             lambda: self.cli.run(
                 ["ps", "--all", "--no-trunc", "--filter", f"label={RUN_LABEL}={run_id}", "--format", fmt],
@@ -277,6 +307,8 @@ class DockerSandboxBackend:
             await self._remove(cid, sid)
             removed.append(sid)
         await services.remove_networks(self, [n for n, _ in await services.networks_labelled(self, f"{RUN_LABEL}={run_id}")])
+        await services.remove_volumes(self, [v for v, _ in await services.networks_labelled(
+            self, f"{RUN_LABEL}={run_id}", kind="volume")])
         if removed:
             log.info("swept %d docker sandbox(es) of run %s", len(removed), run_id)
         return removed

@@ -89,6 +89,7 @@ class DockerCli:
         self.host = host
         self.call_timeout_s = call_timeout_s
         self._path: str | None = None
+        self._engine: str | None = None
 
     def executable(self) -> str:
         if self._path is None:
@@ -112,15 +113,25 @@ class DockerCli:
 
     def engine_name(self) -> str:
         """'podman' when the CLI is Podman's (by name, or a docker shim script that runs it), else 'docker'."""
-        path = self.executable_or_name()
-        if "podman" in os.path.basename(path):
-            return "podman"
-        try:
-            with open(path, "rb") as f:
-                head = f.read(512)
-        except OSError:
-            return "docker"
-        return "podman" if head.startswith(b"#!") and b"podman" in head else "docker"
+        if self._engine is None:
+            path = self.executable_or_name()
+            if "podman" in os.path.basename(path):
+                self._engine = "podman"
+            else:
+                try:
+                    with open(path, "rb") as f:
+                        head = f.read(512)
+                except OSError:
+                    return "docker"  # not found yet: decided once it is
+                self._engine = "podman" if head.startswith(b"#!") and b"podman" in head else "docker"
+        return self._engine
+
+    def label(self, key: str) -> str:
+        """A ``--format`` template for one label of a ``ps`` / ``network ls`` / ``volume ls`` row
+        (docker's rows have a Label function; podman's a Labels map)."""
+        if self.engine_name() == "podman":
+            return '{{index .Labels "' + key + '"}}'
+        return '{{.Label "' + key + '"}}'
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -23,8 +23,9 @@ from miles_sandbox_docker.cli import DockerCli, EngineUnreachable, classify
 
 BUILD_REPO = "miles-build"
 _FROM = re.compile(r"^(\s*FROM\s+)((?:--\S+\s+)*)(\S+)(.*)$", re.IGNORECASE)
-_STEP_FAILED = ("returned a non-zero code", "did not complete successfully")
-_CLASSIC_STEP = re.compile(r"^Step (\d+/\d+) : (.*)$")
+# docker's classic builder, BuildKit, podman (buildah): a RUN step failed
+_STEP_FAILED = ("returned a non-zero code", "did not complete successfully", "error: building at step")
+_CLASSIC_STEP = re.compile(r"^Step (\d+/\d+) ?: (.*)$", re.IGNORECASE)  # podman: "STEP 3/3: RUN ..."
 _BUILDKIT_STEP = re.compile(r"^#\d+ \[(?:[\w.-]+ )?(\d+/\d+)\] (.*)$")
 
 
@@ -72,7 +73,7 @@ async def image_present(cli: DockerCli, ref: str) -> bool:
     if res.rc == 0:
         return True
     low = res.err.lower()
-    if "no such image" in low or "no such object" in low or "not found" in low:
+    if any(s in low for s in ("no such image", "no such object", "not found", "image not known")):  # podman: not known
         return False
     raise classify(f"inspect image '{ref}'", res.err)
 
@@ -158,7 +159,7 @@ async def ensure_build(
             if res.rc == 0:
                 return
             output = res.stdout.decode(errors="replace") + "\n" + res.err
-            step_failed = any(m in output for m in _STEP_FAILED)  # a RUN step failed: deterministic
+            step_failed = any(m in output.lower() for m in _STEP_FAILED)  # a RUN step failed: deterministic
             err = classify(what, res.err or output[-2000:])
             if not step_failed and isinstance(err, (EngineUnreachable, TransientError, QuotaError)):
                 raise err

@@ -79,12 +79,32 @@ class StepMetrics:
     def __init__(self) -> None:
         self.latency: dict[str, deque[float]] = {k: deque(maxlen=10_000) for k in ("create", "exec", "destroy")}
         self.counts: dict[str, int] = {}
+        self._recent: dict[str, deque[float]] = {k: deque(maxlen=10_000) for k in self.latency}
+        self._counts_logged: dict[str, int] = {}
 
     def observe(self, step: str, seconds: float) -> None:
         self.latency[step].append(seconds)
+        self._recent[step].append(seconds)
 
     def count(self, name: str, n: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + n
+
+    def window(self) -> dict[str, float]:
+        """What happened since the last call (one training step's worth): ``sandbox/<step>_p50_s``,
+        ``_p95_s`` and ``_n`` of the latencies observed since, and each counter's increase
+        (``sandbox/builds``, ``sandbox/build_cache_hits``, 0 when none)."""
+        out: dict[str, float] = {}
+        for step, recent in self._recent.items():
+            values = list(recent)
+            recent.clear()
+            out[f"sandbox/{step}_n"] = float(len(values))
+            if values:
+                out[f"sandbox/{step}_p50_s"], out[f"sandbox/{step}_p95_s"] = _quantiles(values)
+        for key in sorted({"builds", "build_cache_hits", *self.counts}):
+            now = self.counts.get(key, 0)
+            out[f"sandbox/{key}"] = float(now - self._counts_logged.get(key, 0))
+            self._counts_logged[key] = now
+        return out
 
     def snapshot(self) -> dict[str, float]:
         """Flat metrics: ``sandbox/<step>_p50_s``, ``_p95_s``, ``_n`` and the counters."""

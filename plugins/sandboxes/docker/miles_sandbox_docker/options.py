@@ -18,8 +18,10 @@ class DockerSandboxOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     binary: str = Field(
-        "docker", description="the engine CLI: a name on PATH or an absolute path ('docker', or 'podman' "
-        "through its Docker-compatible CLI; 'docker' falls back to 'podman' when only podman is installed)"
+        default_factory=lambda: os.environ.get("MILES_DOCKER_BINARY") or "docker",
+        description="the engine CLI: a name on PATH or an absolute path ('docker', or 'podman' through its "
+        "Docker-compatible CLI; 'docker' falls back to 'podman' when only podman is installed); "
+        "default: $MILES_DOCKER_BINARY, else docker",
     )
     host: str | None = Field(None, description="engine address (sets DOCKER_HOST for the CLI); default: the CLI's context")
     run_id: str | None = Field(

@@ -51,6 +51,8 @@ class DockerSandbox:
         self.service_containers: list[str] = []
         self.labels: dict[str, str] = {}  # the run, sandbox and owner labels its containers carry
         self.routes: list = []  # miles_sandbox_docker.route.Route: routes to host servers
+        self.volumes: list[str] = []  # engine volumes of its compose volume names
+        self._follow = [] if self.cli.engine_name() == "podman" else ["-L"]  # podman cp follows links itself
         self._close_task: asyncio.Task[None] | None = None
 
     # ---------------------------------------------------------------- lifecycle
@@ -103,7 +105,7 @@ class DockerSandbox:
         try:
             await self.backend._remove(self.container, self.id)
         finally:
-            if self.network or self.service_containers:
+            if self.network or self.service_containers or self.volumes:
                 from miles_sandbox_docker.services import remove_services
 
                 await remove_services(self.backend, self)
@@ -152,7 +154,7 @@ class DockerSandbox:
             args += ["-e", f"{key}={value}"]
         if user is not None:
             args += ["-u", user]
-        args += [self.container, "/bin/sh", "-c", EXEC_WRAPPER, "miles-exec", cwd or ".", *tail]
+        args += [self.container, "/bin/sh", "-c", EXEC_WRAPPER, "miles-exec", cwd or self.spec.workdir or ".", *tail]
 
         t0 = time.monotonic()
         proc = await self.cli.spawn(args, stdin=stdin is not None)
@@ -307,7 +309,7 @@ class DockerSandbox:
 
         async def call() -> tuple[bytes, bool]:
             res = await self.cli.run(
-                ["cp", "-L", f"{self.container}:{path}", "-"], what=what, max_stdout=limit, check=False
+                ["cp", *self._follow, f"{self.container}:{path}", "-"], what=what, max_stdout=limit, check=False
             )
             if res.rc != 0:
                 if "could not find the file" in res.err.lower() or "no such file" in res.err.lower():
@@ -344,6 +346,8 @@ class DockerSandbox:
         if not local.is_dir():
             raise NotADirectoryError(f"upload_dir: local path is not a directory: {local}")
         target = tarstream.absolute(remote, self.spec.workdir)
+        if not any(local.iterdir()):
+            return  # nothing to copy (podman's cp refuses an empty tar stream)
         tar = await asyncio.to_thread(tarstream.pack_dir, local, target)
         await self._cp_in(tar, "/", f"upload_dir '{local}' -> '{remote}' in sandbox {self.id}")
 

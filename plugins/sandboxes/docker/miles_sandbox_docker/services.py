@@ -1,10 +1,12 @@
 """Sidecar services (Docker Compose services besides the agent's container).
 
-A sandbox with services gets its own network ``miles-net-<sandbox id>`` (``--internal`` and no
+Named compose volumes are engine volumes ``miles-vol-<sandbox id>-<name>``, labelled like the
+rest and removed with the sandbox. A sandbox with services gets its own network ``miles-net-<sandbox id>`` (``--internal`` and no
 host address on its bridge when the spec's network mode is ``none``: the services are
 reachable, the internet and the host are not), each
 service a container on it reachable by its name, started and healthy (its healthcheck exits
-0) before the sandbox is handed out. Network and containers carry the run, sandbox and owner
+0) before the sandbox is handed out; ``depends_on`` orders the services (started / healthy /
+completed successfully). Network and containers carry the run, sandbox and owner
 labels, and go with the sandbox (``close``, ``sweep``, the orphan sweep).
 """
 
@@ -15,7 +17,9 @@ import time
 from typing import TYPE_CHECKING
 
 from miles_engine.errors import SandboxError
-from miles_engine.sandbox.protocol import SandboxSpec, ServiceSpec
+from miles_engine.sandbox.compose import start_order
+from miles_engine.sandbox.protocol import SandboxSpec, ServiceSpec, VolumeMount
+from miles_engine.sandbox.remote import TransientError
 
 from miles_sandbox_docker.cli import NoSuchContainer, classify
 
@@ -41,24 +45,117 @@ async def create_network(be: DockerSandboxBackend, sb: DockerSandbox, labels: di
     return name
 
 
+async def create_volumes(be: DockerSandboxBackend, sb: DockerSandbox, labels: dict[str, str]) -> None:
+    """One engine volume per volume name the sandbox's containers mount (``miles-vol-<id>-<name>``)."""
+    names = sorted({v.source for v in (*sb.spec.volumes, *(m for s in sb.spec.services for m in s.volumes))
+                    if v.source and not v.is_bind})
+    for name in names:
+        volume = f"miles-vol-{sb.id}-{name}"
+        args = ["volume", "create"]
+        for key, value in labels.items():
+            args += ["--label", f"{key}={value}"]
+        sb.volumes.append(volume)
+        await be.cli.run([*args, volume], what=f"create volume '{name}' of sandbox {sb.id}")
+
+
+def volume_args(sandbox_id: str, mounts: tuple[VolumeMount, ...]) -> list[str]:
+    """``--volume`` arguments for a container of sandbox ``sandbox_id``."""
+    args: list[str] = []
+    for m in mounts:
+        source = m.source if m.is_bind or not m.source else f"miles-vol-{sandbox_id}-{m.source}"
+        spec = f"{source}:{m.target}" if source else m.target
+        args += ["--volume", spec + (":ro" if m.read_only and source else "")]
+    return args
+
+
+def main_waits_for(spec: SandboxSpec, svc: ServiceSpec) -> str:
+    """The condition the agent's container waits for on ``svc`` (see ServiceSpec.main_waits_for)."""
+    if svc.main_waits_for:
+        return svc.main_waits_for
+    if any(other.depends_on.get(svc.name) == "service_completed_successfully" for other in spec.services):
+        return "service_completed_successfully"
+    return "service_healthy" if svc.healthcheck is not None else "service_started"
+
+
 async def start_services(be: DockerSandboxBackend, sb: DockerSandbox, network: str, labels: dict[str, str],
                          run_id: str) -> None:
-    """Start every service of ``sb.spec`` on ``network`` and wait until each is healthy."""
-    for svc in sb.spec.services:
-        image = await be.image_for(SandboxSpec(image=svc.image, build=svc.build, paths=()), run_id)
-        container = f"miles-{sb.id}-{svc.name}"
-        args = ["run", "--detach", "--rm", "--pull", "never", "--name", container,
-                "--network", network, "--network-alias", svc.name, "--hostname", svc.name[:63]]
-        for key, value in {**labels, SERVICE_LABEL: svc.name}.items():
-            args += ["--label", f"{key}={value}"]
-        for key, value in svc.env.items():
-            args += ["--env", f"{key}={value}"]
-        if be.options.pids_limit:
-            args += ["--pids-limit", str(be.options.pids_limit)]
-        args += [image, *(svc.command or ())]
-        sb.service_containers.append(container)
-        await be.cli.run(args, what=f"start service '{svc.name}' of sandbox {sb.id}")
-    await asyncio.gather(*(wait_healthy(be, sb, svc) for svc in sb.spec.services))
+    """Start every service of ``sb.spec`` on ``network``, each once its ``depends_on`` conditions
+    hold, and wait for what the agent's container waits for on each."""
+    order = start_order(sb.spec.services, where=f"sandbox {sb.id}")
+    by_name = {svc.name: svc for svc in order}
+    for svc in order:
+        unknown = sorted(set(svc.depends_on) - set(by_name))
+        if unknown:
+            raise SandboxError(f"sandbox {sb.id}: service '{svc.name}' depends on unknown service(s) {unknown}")
+    started: dict[str, asyncio.Task[None]] = {}
+    reached: dict[tuple[str, str], asyncio.Task[None]] = {}
+
+    async def reach(name: str, cond: str) -> None:
+        await started[name]
+        if cond == "service_healthy":
+            await wait_healthy(be, sb, by_name[name])
+        elif cond == "service_completed_successfully":
+            await wait_completed(be, sb, by_name[name])
+        elif cond == "running":
+            await wait_healthy(be, sb, by_name[name])  # without a healthcheck: only that it did not exit
+
+    def condition(name: str, cond: str) -> asyncio.Task[None]:
+        if (name, cond) not in reached:
+            reached[name, cond] = asyncio.ensure_future(reach(name, cond))
+        return reached[name, cond]
+
+    async def start(svc: ServiceSpec) -> None:
+        await asyncio.gather(*(condition(dep, cond) for dep, cond in svc.depends_on.items()))
+        await run_service(be, sb, svc, network, labels, run_id)
+
+    try:
+        for svc in order:
+            started[svc.name] = asyncio.ensure_future(start(svc))
+        waits = {svc.name: main_waits_for(sb.spec, svc) for svc in order}
+        await asyncio.gather(*(condition(name, "running" if cond == "service_started" and by_name[name].main_waits_for
+                                         is None else cond) for name, cond in waits.items()))
+    finally:
+        pending = [t for t in (*started.values(), *reached.values()) if not t.done()]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for task in (*started.values(), *reached.values()):
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: the first failure was raised above
+
+
+async def run_service(be: DockerSandboxBackend, sb: DockerSandbox, svc: ServiceSpec, network: str,
+                      labels: dict[str, str], run_id: str) -> None:
+    image = await be.image_for(SandboxSpec(image=svc.image, build=svc.build, paths=()), run_id)
+    container = f"miles-{sb.id}-{svc.name}"
+    # no --rm: a one-shot service's exit code is read after it exits; removed with the sandbox
+    args = ["run", "--detach", "--pull", "never", "--name", container,
+            "--network", network, "--network-alias", svc.name, "--hostname", svc.name[:63]]
+    for key, value in {**labels, SERVICE_LABEL: svc.name}.items():
+        args += ["--label", f"{key}={value}"]
+    for key, value in svc.env.items():
+        args += ["--env", f"{key}={value}"]
+    if be.options.pids_limit:
+        args += ["--pids-limit", str(be.options.pids_limit)]
+    args += volume_args(sb.id, svc.volumes)
+    args += [image, *(svc.command or ())]
+    sb.service_containers.append(container)
+    await be.cli.run(args, what=f"start service '{svc.name}' of sandbox {sb.id}")
+
+
+async def wait_completed(be: DockerSandboxBackend, sb: DockerSandbox, svc: ServiceSpec) -> None:
+    """Wait until the service's container exits; an exit code other than 0 is an error."""
+    container = f"miles-{sb.id}-{svc.name}"
+    try:
+        res = await be.cli.run(["wait", container], what=f"wait for service '{svc.name}'",
+                               timeout_s=svc.ready_timeout_s)
+    except TransientError:
+        raise SandboxError(f"sandbox {sb.id}: service '{svc.name}' did not complete within "
+                           f"{svc.ready_timeout_s:g}s (service_completed_successfully)") from None
+    code = res.stdout.decode().strip().splitlines()[-1:] or ["?"]
+    if code[0] != "0":
+        raise SandboxError(f"sandbox {sb.id}: service '{svc.name}' exited with code {code[0]} "
+                           f"(service_completed_successfully)" + await _logs_tail(be, container))
 
 
 async def wait_healthy(be: DockerSandboxBackend, sb: DockerSandbox, svc: ServiceSpec) -> None:
@@ -103,6 +200,14 @@ async def remove_services(be: DockerSandboxBackend, sb: DockerSandbox) -> None:
             raise classify(f"remove services of sandbox {sb.id}", res.err)
     if sb.network:
         await remove_networks(be, [sb.network])
+    await remove_volumes(be, sb.volumes)
+
+
+async def remove_volumes(be: DockerSandboxBackend, names: list[str]) -> None:
+    if names:
+        res = await be.cli.run(["volume", "rm", "--force", *names], what="remove volumes", check=False)
+        if res.rc != 0 and "no such volume" not in res.err.lower():
+            raise classify(f"remove volumes {', '.join(names)}", res.err)
 
 
 async def remove_networks(be: DockerSandboxBackend, names: list[str]) -> None:
@@ -112,12 +217,12 @@ async def remove_networks(be: DockerSandboxBackend, names: list[str]) -> None:
             raise classify(f"remove network {name}", res.err)
 
 
-async def networks_labelled(be: DockerSandboxBackend, label: str) -> list[tuple[str, str]]:
-    """(name, owner label) of the networks carrying ``label`` (``key=value``)."""
+async def networks_labelled(be: DockerSandboxBackend, label: str, kind: str = "network") -> list[tuple[str, str]]:
+    """(name, owner label) of the networks (or volumes: ``kind='volume'``) carrying ``label`` (``key=value``)."""
     from miles_sandbox_docker.lifecycle import OWNER_LABEL
 
-    res = await be.cli.run(["network", "ls", "--filter", f"label={label}", "--format",
-                            '{{.Name}}\t{{.Label "' + OWNER_LABEL + '"}}'], what="list networks", check=False)
+    res = await be.cli.run([kind, "ls", "--filter", f"label={label}", "--format",
+                            '{{.Name}}\t' + be.cli.label(OWNER_LABEL)], what=f"list {kind}s", check=False)
     if res.rc != 0:
         return []
     out = []

@@ -99,7 +99,7 @@ def make_fake(root: Path) -> FakeDocker:
 
 # Engine settings that scripts/container_engine.sh exports for the real engine; the fake
 # engine's tests must not inherit them (its registry knows no miles-base image).
-ENGINE_ENV = ("DOCKER_HOST", "MILES_DOCKER_IMAGE_MAP", "MILES_DOCKER_PUBLIC_NETWORK", "MILES_DOCKER_BUILD_NETWORK")
+ENGINE_ENV = ("DOCKER_HOST", "MILES_DOCKER_BINARY", "MILES_DOCKER_IMAGE_MAP", "MILES_DOCKER_PUBLIC_NETWORK", "MILES_DOCKER_BUILD_NETWORK")
 
 
 @pytest.fixture
@@ -113,11 +113,13 @@ def fake_docker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fak
 
 @pytest.fixture(scope="session")
 def real_docker() -> str | None:
-    """Why no real engine is usable (skip reason), or None when ``docker version`` answers."""
-    if shutil.which("docker") is None:
-        return "no docker CLI on PATH"
+    """Why no real engine is usable (skip reason), or None when ``docker version`` answers
+    (``$MILES_DOCKER_BINARY version``: the podman CLI too)."""
+    cli = os.environ.get("MILES_DOCKER_BINARY") or "docker"
+    if shutil.which(cli) is None:
+        return f"no {cli} CLI on PATH"
     try:
-        res = subprocess.run(["docker", "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True, timeout=5)
+        res = subprocess.run([cli, "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True, timeout=5)
     except subprocess.TimeoutExpired:
         return "docker version did not answer within 5 s"
     if res.returncode != 0:

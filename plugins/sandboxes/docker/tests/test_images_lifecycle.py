@@ -49,6 +49,8 @@ def test_failed_step_from_classic_and_buildkit_output():
     assert failed_step(buildkit) == "step 2/2: RUN pip install numpy"
     assert failed_step('ERROR: process "/bin/sh -c false" did not complete successfully') == "RUN false"
     assert failed_step("no steps at all") is None
+    podman = "STEP 1/3: FROM ubuntu:24.04\nSTEP 2/3: RUN true\nSTEP 3/3: RUN apt-get update\nError: building at STEP"
+    assert failed_step(podman) == "step 3/3: RUN apt-get update"
 
 
 def test_image_map_from_the_environment(monkeypatch):
@@ -101,3 +103,20 @@ def test_step_metrics_snapshot():
     assert snap["sandbox/exec_n"] == 4 and snap["sandbox/exec_p50_s"] == pytest.approx(0.25)
     assert 0.3 < snap["sandbox/exec_p95_s"] <= 0.4 and snap["sandbox/build_cache_hits"] == 2.0
     assert "sandbox/create_p50_s" not in snap
+
+
+def test_step_metrics_window_is_what_happened_since_the_last_call():
+    m = StepMetrics()
+    m.observe("create", 2.0)
+    m.observe("exec", 0.5)
+    m.count("builds")
+    first = m.window()
+    assert first["sandbox/create_n"] == 1 and first["sandbox/create_p50_s"] == first["sandbox/create_p95_s"] == 2.0
+    assert first["sandbox/destroy_n"] == 0 and "sandbox/destroy_p50_s" not in first
+    assert (first["sandbox/builds"], first["sandbox/build_cache_hits"]) == (1.0, 0.0)
+    m.observe("exec", 0.1)
+    m.count("build_cache_hits", 3)
+    second = m.window()
+    assert second["sandbox/exec_n"] == 1 and second["sandbox/exec_p50_s"] == 0.1 and second["sandbox/create_n"] == 0
+    assert (second["sandbox/builds"], second["sandbox/build_cache_hits"]) == (0.0, 3.0)
+    assert m.snapshot()["sandbox/exec_n"] == 2  # the cumulative view is unchanged by windows
