@@ -30,7 +30,8 @@ FLEET = ["engines=[{kind: server, replicas: 2}]", "weights.transport=broadcast",
          "metrics.progress=false"]
 PLACEMENTS = {
     "local": ["placement.backend=local"],
-    "ray": ["placement.backend=ray", "placement.ray.engine_resources={CPU: 0.5}"],
+    "ray": ["placement.backend=ray", "placement.ray.engine_resources={CPU: 0.5}", "placement.ray.trainer_resources={CPU: 0.5}",
+            "placement.ray.runner_resources={CPU: 0.25}"],
 }
 
 

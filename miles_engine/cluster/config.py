@@ -31,6 +31,15 @@ class RayOptions(BaseModel):
         default_factory=lambda: {"CPU": 1.0},
         description="what one trainer rank actor reserves (one bundle per rank); trainer.parallel.device=cuda "
         "adds GPU: 1")
+    episode_runners: int = Field(
+        2, ge=1, description="episode runner actors (each owns its sandbox backend and runs the task's agent); "
+        "the scheduler hands each episode to the least busy one")
+    runner_resources: dict[str, float] = Field(
+        default_factory=lambda: {"CPU": 1.0}, description="what one episode runner actor reserves (one bundle "
+        "per runner, the bundles spread over nodes)")
+    episode_retries: int = Field(
+        1, ge=0, description="times an episode lost with a runner that died is run again on a fresh runner; "
+        "past that it is a failed trajectory naming the runner")
     strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="how each placement group's bundles spread over nodes")
     connect_timeout_s: float = Field(60.0, gt=0, description="joining the cluster and reserving resources")
@@ -45,7 +54,7 @@ class RayOptions(BaseModel):
                              f"most {MAX_TEMP_DIR} characters")
         return v
 
-    @field_validator("engine_resources", "trainer_resources")
+    @field_validator("engine_resources", "trainer_resources", "runner_resources")
     @classmethod
     def _non_negative(cls, v: dict[str, float]) -> dict[str, float]:
         bad = {k: x for k, x in v.items() if x < 0}

@@ -7,8 +7,10 @@
 Every engine of a placeable kind (``server``) is an actor in its group's placement group (one
 bundle per engine, ``placement.ray.engine_resources``, +1 GPU on a cuda device); the trainer's
 ``trainer.parallel.world_size`` ranks are actors in one placement group
-(``placement.ray.trainer_resources`` each). The driver loop, the router, the session server
-and the weight transports stay in the driver process; episodes run there too.
+(``placement.ray.trainer_resources`` each); the episode runners (agents + sandboxes) are
+``placement.ray.episode_runners`` actors spread over nodes (``placement.ray.runner_resources``
+each). The driver loop, the router, the session server (bound to the driver node's address)
+and the weight transports stay in the driver process.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class RayPlacement:
         self.groups = {name: group for name, group, kind in zip(group_names(cfg.engines), cfg.engines, kinds)
                        if getattr(kind, "placeable", False)}
         self._bundles: dict[str, Any] = {}
+        self.runners: Any = None  # RayEpisodeRunners, once started
 
     @classmethod
     async def start(cls, cfg: Any, kinds: Sequence[Any], stack: AsyncExitStack, run_name: str = "miles") -> RayPlacement:
@@ -80,8 +83,22 @@ class RayPlacement:
         out = [Demand(f"engines.{i} ({g.kind}, {g.replicas} replica(s))", self.engine_resources(g), g.replicas)
                for i, g in enumerate(self.cfg.engines) if g in self.groups.values()]
         world = self.cfg.trainer.parallel.world_size
-        out.append(Demand(f"the trainer (trainer.parallel.world_size={world} rank(s))", self.trainer_resources(), world))
+        out.append(Demand(f"the trainer (trainer.parallel.world_size={world} rank(s))", self.trainer_resources(), world,
+                          "trainer_resources"))
+        n = self.options.episode_runners
+        out.append(Demand(f"the episode runners (placement.ray.episode_runners={n})", self.options.runner_resources, n,
+                          "runner_resources"))
         return out
+
+    # ------------------------------------------------------------------ the episode runners
+    async def episode_runners(self, spec: Any, after: Callable[..., Any] | None) -> Any:
+        """Runner actors (agents + sandboxes) behind the scheduler's ``run_trajectory``, started."""
+        from miles_engine.cluster.episode_runners import RayEpisodeRunners
+
+        o = self.options
+        self.runners = RayEpisodeRunners(self.cluster, spec, count=o.episode_runners, resources=o.runner_resources,
+                                         retries=o.episode_retries, after=after)
+        return await self.runners.start()
 
     # ------------------------------------------------------------------ the trainer
     def trainer_ranks(self) -> Callable[..., Any]:
@@ -105,4 +122,7 @@ class RayPlacement:
         return str(self.cluster.ray.util.get_node_ip_address())
 
     def metrics(self) -> dict[str, float]:
-        return self.cluster.metrics()
+        out = self.cluster.metrics()
+        if self.runners is not None:
+            out.update(self.runners.metrics())
+        return out

@@ -45,6 +45,7 @@ class Demand:
     component: str  # the recipe key it comes from, e.g. "engines.0 (server, 2 replicas)"
     resources: dict[str, float]
     bundles: int = 1
+    key: str = "engine_resources"  # the placement.ray key that sizes it
 
 
 @dataclass
@@ -122,21 +123,30 @@ class RayCluster:
                 need[res] += amount * d.bundles
         shown = ", ".join(f"{k}: {v:g}" for k, v in sorted(total.items())
                           if "_group_" not in k and not k.startswith("node:"))
-        for d in demands:
+        for d in demands:  # one component alone too big: name it
             for res, amount in d.resources.items():
                 have = float(total.get(res, 0.0))
-                if amount * d.bundles > have or need[res] > have:
-                    key = "trainer_resources" if "trainer" in d.component else "engine_resources"
+                if amount * d.bundles > have:
                     raise ConfigError(
                         f"{d.component} asks for {res}: {amount:g} x {d.bundles} bundle(s), and the run needs "
                         f"{need[res]:g} {res} in all, but the Ray cluster has {have:g} {res} ({shown}); lower "
-                        f"placement.ray.{key} or the replicas / ranks, or grow the cluster")
+                        f"placement.ray.{d.key} or the replicas / ranks / runners, or grow the cluster")
+        for res, amount in need.items():  # only together too big: name every component asking for it
+            have = float(total.get(res, 0.0))
+            if amount > have:
+                askers = [d for d in demands if d.resources.get(res)]
+                parts = "; ".join(f"{d.component} asks for {res}: {d.resources[res]:g} x {d.bundles} bundle(s)"
+                                  for d in askers)
+                keys = ", ".join(dict.fromkeys(f"placement.ray.{d.key}" for d in askers))
+                raise ConfigError(f"the run needs {amount:g} {res} in all ({parts}), but the Ray cluster has "
+                                  f"{have:g} {res} ({shown}); lower {keys} or the replicas / ranks / runners, "
+                                  f"or grow the cluster")
 
     # ------------------------------------------------------------------ placing
-    def placement_group(self, bundles: list[dict[str, float]], name: str) -> Any:
+    def placement_group(self, bundles: list[dict[str, float]], name: str, strategy: str | None = None) -> Any:
         from ray.util.placement_group import placement_group
 
-        pg = placement_group(bundles, strategy=self.options.strategy, name=name)
+        pg = placement_group(bundles, strategy=strategy or self.options.strategy, name=name)
         self._groups.append(pg)
         ready, _ = self.ray.wait([pg.ready()], timeout=self.options.connect_timeout_s)
         if not ready:

@@ -163,3 +163,12 @@ def _check_engines(recipe: RecipeConfig, hub: Hub, path: str, lines: dict[str, i
     except ConfigError as exc:
         line = lines.get("weights.transport") or lines.get("engines") or "?"
         raise ConfigError(f"{path}:{line}: {exc}") from exc
+    if recipe.eval.engine is not None:  # the dedicated eval engines: their options and how snapshots reach them
+        from miles_engine.evaluation.policy import eval_transport
+
+        group = recipe.eval.engine
+        try:
+            eval_transport(group, hub.create("engine", group.kind, group.options, where="eval.engine.options"))
+        except ConfigError as exc:
+            line = lines.get("eval.engine.options") or lines.get("eval.engine") or lines.get("eval") or "?"
+            raise ConfigError(f"{path}:{line}: {exc}") from exc

@@ -6,6 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from miles_engine.engines.fleet.config import EngineGroupConfig
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -58,8 +60,18 @@ class EvalConfig(_Section):
     at_start: bool = Field(True, description="during training: also evaluate the starting weights (step 0)")
     mode: Literal["shared", "dedicated", "external"] = Field(
         "shared", description="shared: the training engines evaluate between steps (new training rollouts "
-        "pause); dedicated: a separate embedded engine gets a weight snapshot of the step and evaluates while "
-        "training goes on; external: `external.command` runs on each checkpoint directory")
+        "pause, the running ones finish or are retracted: in_flight); dedicated: a separate engine group "
+        "(eval.engine, any kind) gets a weight snapshot of the step and evaluates while training goes on; external: `external.command` runs on each checkpoint directory")
+    in_flight: Literal["auto", "finish", "retract"] = Field(
+        "auto", description="shared mode: the training episodes running when an eval starts. finish: they run on "
+        "beside the eval; retract: they are cancelled and their groups generated again (same ids, newer weights) "
+        "once the eval is done; auto: retract under rollout.mode fully_async (its in-flight groups would hold the "
+        "engines and go stale), finish under sync / one_step_off (they are the next step's batch)")
+    engine: EngineGroupConfig | None = Field(
+        None, description="dedicated mode (and `miles eval --checkpoint`): the engine group that evaluates, with "
+        "the options of an `engines` entry (kind embedded, server, sglang, external or a plugin's; replicas, "
+        "device, dtype, options). In-process kinds get snapshots by colocated transport, others by broadcast. "
+        "Default: one embedded engine with the first training group's device and dtype")
     environment: EvalEnvironment | None = Field(None, description="evaluate on this environment instead of "
                                                 "the training environment's eval split")
     split: SplitConfig = Field(default_factory=SplitConfig)

@@ -4,10 +4,12 @@
     ...
     await evaluator.aclose()                    # waits for queued evaluations, then stops
 
-- ``shared``: the training engines evaluate now; new training submissions pause (episodes in
-  flight finish and reach the buffer), then resume. Training waits: lag 0.
-- ``dedicated``: a snapshot of the step's weights is queued; a separate embedded engine loads it
-  and evaluates while training goes on. A full queue waits (``backpressure``) or drops that
+- ``shared``: the training engines evaluate now; new training submissions pause, then resume.
+  The episodes in flight finish beside the eval, or are retracted (``eval.in_flight``; by default
+  under ``fully_async``): their groups go back to the queue under the same ids. Training waits: lag 0.
+- ``dedicated``: a snapshot of the step's weights is queued; a separate engine group
+  (``eval.engine``: any kind the ``engines`` section builds) loads it and evaluates while training
+  goes on. A full queue waits (``backpressure``) or drops that
   step's evaluation (``skip``, counted in ``eval/skipped``).
 - ``external``: a hard-linked copy of the step's checkpoint is queued; a command evaluates it.
 
@@ -197,6 +199,20 @@ def _agent_factory(inputs: Any, url: str) -> Callable[[], Any]:
     return lambda: inputs.hub.create("agent", cfg.agent.name, options, where="agent.options")
 
 
+def shared_in_flight(cfg: EvalConfig, rollout_mode: str) -> str:
+    """What shared evaluation does with the training episodes in flight: finish or retract."""
+    if cfg.in_flight != "auto":
+        return cfg.in_flight
+    return "retract" if rollout_mode == "fully_async" else "finish"
+
+
+def trained_task_ids(run_dir: Path) -> set[str]:
+    """The tasks of every group a resumed run has trained on so far."""
+    from miles_engine.train import consumed
+
+    return {gid.rsplit("@", 1)[0] for row in consumed.read(run_dir) for gid in row.get("groups", [])}
+
+
 def _eval_tasks(inputs: Any, closers: list[Callable[[], Awaitable[None]]]) -> EvalTasks:
     cfg = inputs.cfg.eval
     if cfg.environment is None:
@@ -210,6 +226,8 @@ def _eval_tasks(inputs: Any, closers: list[Callable[[], Awaitable[None]]]) -> Ev
         tasks = select_eval_tasks(cfg, source, from_training_env=False)
     if tasks.source.name == inputs.source.name:
         check_disjoint((r.id for r in inputs.tasks.refs), tasks.ids, environment=inputs.source.name)
+        check_disjoint(trained_task_ids(inputs.run_dir), tasks.ids, environment=inputs.source.name,
+                       what="tasks this run already trained on (consumed.jsonl)")
     print(f"eval: {tasks.describe()}; {len(inputs.tasks)} training task(s), none of them evaluated; "
           f"{cfg.attempts} attempt(s) each, mode {cfg.mode}, every {cfg.every} step(s)")
     return tasks
@@ -232,12 +250,15 @@ async def build_evaluator(inputs: EvalInputs) -> Evaluator:
     tasks = _eval_tasks(inputs, closers)
     if cfg.mode == "shared":
         make_agent = _agent_factory(inputs, inputs.server.url)
+        retract = shared_in_flight(cfg, inputs.cfg.rollout.mode) == "retract"
 
         async def prepare_shared(step: int, version: int) -> _Job:
             async def run() -> Outcome:
-                inputs.scheduler.pause()  # new training groups wait; the ones in flight finish
-                try:
-                    return await run_eval(tasks, make_agent, inputs.backend, cfg, reward=reward), {}
+                inputs.scheduler.pause()  # new training groups wait
+                try:  # the running ones finish beside the eval, or go back to the queue
+                    retracted = await inputs.scheduler.retract() if retract else 0
+                    records = await run_eval(tasks, make_agent, inputs.backend, cfg, reward=reward)
+                    return records, {"eval/retracted_groups": float(retracted)}
                 finally:
                     inputs.scheduler.resume()
             return _Job(step, version, run, time.monotonic())
@@ -245,8 +266,10 @@ async def build_evaluator(inputs: EvalInputs) -> Evaluator:
         return Evaluator(cfg, inputs.run_dir, prepare=prepare_shared, inline=True, **common)
     from miles_engine.evaluation.policy import ServedPolicy
 
-    served = await ServedPolicy.start(inputs.model, inputs.codec, inputs.cfg)
+    served = await ServedPolicy.start(inputs.model, inputs.codec, inputs.cfg, hub=inputs.hub,
+                                      state_dir=inputs.run_dir / "eval" / "engines", restore=inputs.trainer.last_pushed)
     closers.append(served.aclose)
+    print(f"eval: dedicated {served.kind} engine(s) at {served.url}")
     make_agent = _agent_factory(inputs, served.url)
 
     async def prepare_dedicated(step: int, version: int) -> _Job:

@@ -1,4 +1,5 @@
-"""A policy to evaluate, served: an embedded engine behind its own TITO session server.
+"""A policy to evaluate, served: engines of any kind (``eval.engine``; default one embedded
+engine) behind their own router and TITO session server.
 
 Used by the ``dedicated`` eval mode (built from the training model, then fed weight snapshots)
 and by ``miles eval --checkpoint`` (built from a recipe, then loaded with a checkpoint's
@@ -8,9 +9,8 @@ checkpoint's token ids mean what they meant in training (checked against its tok
 
 from __future__ import annotations
 
-import asyncio
-import copy
 import json
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,51 +33,94 @@ def build_model(cfg: Any, codec: Any) -> Any:
     return build_policy(cfg, codec)
 
 
+def eval_engine_group(cfg: Any) -> Any:
+    """``eval.engine``, else one embedded engine with the first training group's dtype and device
+    (and its options when that group is embedded)."""
+    from miles_engine.engines.fleet.config import EngineGroupConfig
+
+    if cfg.eval.engine is not None:  # named "eval" unless named: its engines are eval-0, eval-1, ... in logs
+        engine = cfg.eval.engine
+        return engine if engine.name else engine.model_copy(update={"name": "eval"})
+    group = cfg.engines[0]
+    options = dict(group.options) if group.kind == "embedded" else {}
+    return EngineGroupConfig(kind="embedded", name="eval", dtype=group.dtype, device=group.replica_device(0),
+                             options=options)
+
+
+def eval_transport(group: Any, kind: Any) -> str:
+    """How snapshots reach the eval engines: in-process ones share tensors, others take a broadcast."""
+    name = "colocated" if kind.in_process else "broadcast"
+    if name not in tuple(kind.transports):
+        raise ConfigError(f"eval.engine.kind={group.kind!r}: its engines take weights by {list(kind.transports)}, "
+                          f"but an eval engine is fed snapshots by {name!r}; pick an eval.engine.kind that takes it "
+                          f"(embedded, server, sglang, external)")
+    return name
+
+
 @dataclass
 class ServedPolicy:
-    """An engine and the session server in front of it; :meth:`aclose` stops both."""
+    """A group of engines (any kind the ``engines`` section can build) behind a router and its own
+    TITO session server, fed weights by a transport; :meth:`aclose` stops them all."""
 
-    engine: Any
+    engine: Any  # the router over the group
     server: Any
+    transport: Any
+    stack: AsyncExitStack
+    kind: str = "embedded"
+    _last: tuple[dict[str, Any], int] | None = field(default=None, repr=False)
     _closed: bool = field(default=False, repr=False)
 
     @classmethod
-    async def start(cls, model: Any, codec: Any, cfg: Any) -> ServedPolicy:
-        from miles_engine.engines.embedded import EmbeddedEngine
+    async def start(cls, model: Any, codec: Any, cfg: Any, *, hub: Any, state_dir: Path,
+                    restore: Any = None) -> ServedPolicy:
+        """``restore`` (async, ``-> (tensors, version)``): what a supervised engine restarted before the
+        first :meth:`load` serves (afterwards: the last loaded snapshot)."""
+        from miles_engine.engines.fleet.build import start_fleet
+        from miles_engine.engines.fleet.kinds import FleetContext
         from miles_engine.tito.serve import start_session_server
+        from miles_engine.weights import create_transport
 
-        from miles_engine.engines.fleet.config import EmbeddedKindOptions
+        group = eval_engine_group(cfg)
+        kind = hub.create("engine", group.kind, group.options, where="eval.engine.options")
+        transport_name = eval_transport(group, kind)
+        stack = AsyncExitStack()
+        served: ServedPolicy | None = None
 
-        group = cfg.engines[0]  # the first group's dtype and device; its options if it is embedded
-        e = EmbeddedKindOptions(**group.options) if group.kind == "embedded" else EmbeddedKindOptions()
-        source = model if isinstance(model, str) else copy.deepcopy(model)
-        engine = await asyncio.to_thread(EmbeddedEngine.from_model, source, dtype=group.dtype,
-                                         device=group.replica_device(0), max_batch_size=e.max_batch_size,
-                                         num_threads=e.threads, seed=cfg.seed,
-                                         prompt_cache_tokens=e.prompt_cache_tokens,
-                                         true_on_policy=cfg.trainer.true_on_policy)
+        async def current() -> tuple[Any, int]:
+            if served is not None and served._last is not None:
+                return served._last
+            if restore is None:
+                raise RuntimeError("no weights loaded into the eval engine yet")
+            return await restore()
+
         try:
-            server = await start_session_server(engine, codec, config=cfg.session_server)
+            ctx = FleetContext(model=model, state_dir=state_dir, seed=cfg.seed, restore=current,
+                               true_on_policy=cfg.trainer.true_on_policy)
+            router = await start_fleet([group], [kind], ctx, stack, cfg.fleet)
+            server = await start_session_server(router, codec, config=cfg.session_server)
+            stack.push_async_callback(server.stop)
+            options = {"group_name": "miles_eval_weight_sync"} if transport_name == "broadcast" else {}
+            transport = create_transport(transport_name, router, **options)
+            stack.push_async_callback(transport.close)
         except BaseException:
-            await engine.aclose()
+            await stack.aclose()
             raise
-        return cls(engine, server)
+        served = cls(router, server, transport, stack, kind=group.kind)
+        return served
 
     @property
     def url(self) -> str:
         return str(self.server.url)
 
     async def load(self, tensors: dict[str, Any], version: int) -> None:
-        await self.engine.update_weights(tensors, version=version)
+        await self.transport.push(list(tensors.items()), version)
+        self._last = (tensors, version)
 
     async def aclose(self) -> None:
         if self._closed:
             return
         self._closed = True
-        try:
-            await self.server.stop()
-        finally:
-            await self.engine.aclose()
+        await self.stack.aclose()
 
 
 @dataclass

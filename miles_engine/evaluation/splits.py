@@ -107,11 +107,58 @@ def select_eval_tasks(cfg: EvalConfig, source: Any, *, from_training_env: bool) 
     return EvalTasks(source, ids, label, len(refs))
 
 
-def check_disjoint(train_ids: Iterable[str], eval_ids: Sequence[str], *, environment: str) -> None:
-    """One clear error when any eval task is also a training task."""
+def check_disjoint(train_ids: Iterable[str], eval_ids: Sequence[str], *, environment: str,
+                   what: str = "training tasks") -> None:
+    """One clear error when any eval task is also a training task (``what``: which ones)."""
     both = sorted(set(eval_ids) & set(train_ids))
     if both:
         shown = ", ".join(map(repr, both[:5])) + (f", … ({len(both) - 5} more)" if len(both) > 5 else "")
-        raise ConfigError(f"eval: {len(both)} of the {len(eval_ids)} eval task(s) are also training tasks of "
+        raise ConfigError(f"eval: {len(both)} of the {len(eval_ids)} eval task(s) are also {what} of "
                           f"environment '{environment}': {shown}. Held-out evaluation needs disjoint tasks: set "
                           f"eval.split.by: hash (or source), or evaluate another environment (eval.environment)")
+
+
+# ---------------------------------------------------------------------- on resume
+def training_split(eval_section: Any) -> str:
+    """What the training task stream leaves out for evaluation, as one comparable line."""
+    if isinstance(eval_section, EvalConfig):
+        cfg = eval_section
+    else:  # a checkpoint's recipe: keys of other versions are not about the split
+        known = {k: v for k, v in (eval_section or {}).items() if k in ("environment", "every", "split")}
+        cfg = EvalConfig.model_validate(known)
+    if cfg.environment is not None:
+        return f"nothing held out (eval runs on environment {cfg.environment.name!r})"
+    method = cfg.split_method
+    if method == "hash":
+        return f"hash split, fraction {cfg.split.fraction:g}, salt {cfg.split.salt!r}"
+    if method == "source":
+        return "the environment's own split"
+    return "nothing held out (no split)"
+
+
+_NOTHING = "nothing held out"
+_SPLIT_KEYS = ("eval.environment", "eval.every", "eval.split")
+
+
+def resume_split_change(old_config: dict[str, Any], new_config: dict[str, Any]) -> str | None:
+    """Why a checkpoint written under ``old_config`` cannot resume under ``new_config`` because the
+    train / eval split of its tasks would change (``None``: it would not). A changed split moves
+    tasks across the line: trained tasks would be evaluated as held-out ones, or held-out ones
+    trained (``eval.split.by: auto`` follows ``eval.every``, so turning evaluation on or off
+    changes it too)."""
+    old_eval, new_eval = old_config.get("eval") or {}, new_config.get("eval") or {}
+    before, now = training_split(old_eval), training_split(new_eval)
+    if before == now or (before.startswith(_NOTHING) and now.startswith(_NOTHING)):
+        return None
+    from miles_engine.train.checkpoint_compat import flatten
+
+    flat_old, flat_new = flatten({"eval": old_eval}), flatten({"eval": new_eval})
+    missing = "<absent>"
+    keys = sorted(k for k in set(flat_old) | set(flat_new) if k.startswith(_SPLIT_KEYS)
+                  and flat_old.get(k, missing) != flat_new.get(k, missing))
+    lines = [f"  {k}: checkpoint {flat_old.get(k, missing)!r}, now {flat_new.get(k, missing)!r}" for k in keys]
+    return (f"the train / eval split of the training environment's tasks would change: the checkpoint trained "
+            f"with {before}, this recipe with {now}\n" + "\n".join(lines) +
+            "\na changed split would evaluate tasks the model was trained on (or train held-out ones); keep "
+            "eval.every, eval.split and eval.environment as the checkpoint had them (eval.every may change "
+            "while eval.split.by is set explicitly), or start a new run")

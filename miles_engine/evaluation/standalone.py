@@ -9,6 +9,8 @@ is the paired difference of two of them over those tasks.
 from __future__ import annotations
 
 import contextlib
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +76,8 @@ async def evaluate(hub: Any, cfg: Any) -> EvalRun:
 
 
 async def evaluate_checkpoints(hub: Any, cfg: Any, paths: Sequence[Path]) -> list[EvalRun]:
-    """Each checkpoint's weights on the same eval tasks, one embedded engine loaded in turn."""
+    """Each checkpoint's weights on the same eval tasks, loaded in turn into the eval engines
+    (``eval.engine``; default one embedded engine)."""
     from miles_engine.evaluation.policy import ServedPolicy, build_codec, build_model, read_checkpoint_weights
     from miles_engine.train.resume import tokenizer_sha256
 
@@ -88,7 +91,12 @@ async def evaluate_checkpoints(hub: Any, cfg: Any, paths: Sequence[Path]) -> lis
                 raise ConfigError(f"--checkpoint {w.path}: it was trained with another tokenizer than this recipe "
                                   f"builds (sha256 {w.tokenizer_sha256[:12]}… vs {sha[:12]}…); pass the run's own "
                                   f"recipe, RUN_DIR/config.yaml")
-        served = await ServedPolicy.start(build_model(cfg, codec), codec, cfg)
+        state_dir = Path(tempfile.mkdtemp(prefix="miles-eval-engines-"))
+        try:
+            served = await ServedPolicy.start(build_model(cfg, codec), codec, cfg, hub=hub, state_dir=state_dir)
+        except BaseException:
+            shutil.rmtree(state_dir, ignore_errors=True)
+            raise
         try:
             make_agent = _agent_factory(hub, cfg, served.url)
             for w in weights:
@@ -100,6 +108,7 @@ async def evaluate_checkpoints(hub: Any, cfg: Any, paths: Sequence[Path]) -> lis
                                     info={"tasks": tasks.describe()}))
         finally:
             await served.aclose()
+            shutil.rmtree(state_dir, ignore_errors=True)
     return runs
 
 

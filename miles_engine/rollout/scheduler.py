@@ -14,7 +14,8 @@ a timeout becomes a trajectory with status ``"timeout"``, an exception one with 
 ``"failed"`` and the error text — never a crashed batch. Cancellation (deadline or
 :meth:`stop`) reaches the episode coroutine, whose own ``finally`` closes its sandbox.
 
-Submission also waits while paused (:meth:`pause`), while a finished group is blocked on a
+Submission also waits while paused (:meth:`pause`; :meth:`retract` also puts the groups still
+generating back in the queue, e.g. while the engines evaluate), while a finished group is blocked on a
 full buffer (back-pressure), and while the ``gate`` callable (set by a rollout mode: phase
 quotas, admission control) says no.
 """
@@ -62,6 +63,7 @@ class _GroupRun:
     trajectories: list[Trajectory | None]
     remaining: int
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    retracted: bool = False  # put back in the queue: whatever its episodes still return is dropped
 
 
 def _task_id(task: Any) -> str:
@@ -127,6 +129,30 @@ class Scheduler:
     @property
     def paused(self) -> bool:
         return self._paused
+
+    async def retract(self) -> int:
+        """Cancel every group still generating (their sandboxes close) and put it back at the
+        front of the queue under the same group id, to be generated again when submission
+        resumes; groups already finished (entering the buffer) are left alone. Returns how many
+        were retracted. A retracted group no longer counts as submitted, so phase quotas and
+        admission control see it once."""
+        running = sorted((r for r in self._groups.values() if r.remaining > 0), key=lambda r: r.position)
+        tasks = [t for r in running for t in r.tasks]
+        for r in running:
+            r.retracted = True
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for r in running:
+            self._groups.pop(r.group_id, None)
+            self.buffer.untrack(r.group_id)
+        self._requeue.extendleft((r.position, r.task) for r in reversed(running))
+        self.counts["submitted_groups"] -= len(running)
+        self.counts["groups_retracted"] += len(running)
+        self.counts["trajectories_retracted"] += sum(r.remaining for r in running)
+        if running:
+            log.info("scheduler: %d running group(s) retracted, to be generated again", len(running))
+        return len(running)
 
     def notify(self) -> None:
         """Re-check the submission conditions now (e.g. after a weight push opened the gate)."""
@@ -274,6 +300,8 @@ class Scheduler:
         self.counts["finished_trajectories"] += 1
         if traj.status != "ok":
             self.counts["failed_trajectories"] += 1
+        if run.retracted:  # an episode that swallowed its cancellation: the group runs again from scratch
+            return
         run.trajectories[index] = traj
         run.remaining -= 1
         if run.remaining == 0:

@@ -21,8 +21,11 @@ LAYOUT_KEYS = ("placement.trainer", "trainer.parallel.world_size", "trainer.para
 # of every run), so the fleet and how weights reach it may change on resume
 # placement.backend / placement.ray: the same ranks in actors or in local processes save the same state
 # trainer.true_on_policy: the same model and updates, only the forward's rounding differs (engines follow it)
+# eval: except the train / eval split of the training tasks (checked on its own: evaluation/splits.py)
+# trainer.backend / trainer.megatron: both backends save the same HF-named trainer state (any TP / PP / EP
+# shard layout loads it: miles_engine/trainer/megatron/state.py)
 MUTABLE = ("description", "eval", "metrics", "run", "sft", "sandbox.options", "engines", "fleet", "weights",
-           "placement.backend", "placement.ray",
+           "placement.backend", "placement.ray", "trainer.backend", "trainer.megatron",
            "rollout.max_inflight", "rollout.poll_s", "rollout.episode_timeout_s",
            "buffer.capacity_groups", "trainer.num_threads", "trainer.sft.num_threads", "trainer.parallel.start_timeout_s",
            "trainer.parallel.step_timeout_s", "session_server.diagnose_every", "session_server.otel",
@@ -74,12 +77,19 @@ def check(manifest: Mapping[str, Any], config: Mapping[str, Any], tokenizer_sha2
         raise ConfigError(f"cannot resume from {path}: it was written with a different parallel layout\n"
                           + "\n".join(lines) + "\nresume with the checkpoint's layout (override those keys back) "
                           "or start a new run")
+    from miles_engine.evaluation.splits import resume_split_change
+
+    split_change = resume_split_change(manifest["config"], dict(config))
+    if split_change:
+        raise ConfigError(f"cannot resume from {path}: {split_change}")
     if manifest["fingerprint"] == fingerprint(config, tokenizer_sha256):
         return
     lines = _diff(recipe_keys(manifest["config"]), recipe_keys(config))
     if manifest["tokenizer_sha256"] != tokenizer_sha256:
         lines.append(f"  tokenizer (sha256 of its JSON): checkpoint {manifest['tokenizer_sha256'][:16]}..., "
                      f"now {tokenizer_sha256[:16]}...")
+    if not lines:  # written when more keys were fingerprinted (MUTABLE has grown since): nothing differs
+        return
     raise ConfigError(f"cannot resume from {path}: the recipe is incompatible with the one it was written with\n"
                       + "\n".join(lines[:20]) + (f"\n  ... and {len(lines) - 20} more" if len(lines) > 20 else "")
                       + f"\nonly these keys may change on resume: {', '.join(MUTABLE)}")

@@ -152,12 +152,12 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
                                       ranks=None if placement is None else placement.trainer_ranks())
     stack.push_async_callback(asyncio.to_thread, trainer.close)
     engines, fleet = await _start_engines(cfg, kinds, run_dir, policy, trainer, placement, stack)
-    server = await _start_server(cfg, run_dir, engines, codec, stack)
+    server = await _start_server(cfg, run_dir, engines, codec, placement, stack)
     transport = await _start_transport(cfg, run_dir, engines, fleet, trainer, resumed, placement, stack)
     opd = _build_opd(cfg, hub, run_dir, codec, source, tasks, metrics, engines, stack)
     reward = _build_reward(cfg, hub, stack)
-    scheduler, mode = _build_rollout(cfg, hub, run_dir, source, tasks, sandboxes, server, buffer, engines, reward,
-                                     opd, resumed, stack)
+    run_trajectory = await _episode_runner(cfg, hub, run_dir, sandboxes, source, server, reward, opd, placement, stack)
+    scheduler, mode = _build_rollout(cfg, run_dir, tasks, run_trajectory, buffer, engines, resumed, stack)
     samples = _sample_log(cfg, run_dir, codec, stack)
     progress = RunProgress()
     evaluator = await _build_evaluator(EvalInputs(
@@ -211,12 +211,17 @@ async def _start_engines(cfg: RecipeConfig, kinds: list[Any], run_dir: Path, pol
     return await start_fleet(cfg.engines, kinds, ctx, stack, cfg.fleet), ctx
 
 
-async def _start_server(cfg: RecipeConfig, run_dir: Path, engines: Any, codec: Any, stack: AsyncExitStack) -> Any:
+async def _start_server(cfg: RecipeConfig, run_dir: Path, engines: Any, codec: Any, placement: Any,
+                        stack: AsyncExitStack) -> Any:
     from miles_engine.tito.client import close_pools
     from miles_engine.tito.serve import start_session_server
 
     s = cfg.session_server
-    server = await start_session_server(engines, codec, host=s.host, port=s.port, config=s)
+    host = s.host
+    if placement is not None and "host" not in s.model_fields_set:
+        # under Ray the episode runners reach it from their nodes: the driver node's address (loopback on a private cluster)
+        host = placement.driver_address()
+    server = await start_session_server(engines, codec, host=host, port=s.port, config=s)
     stack.push_async_callback(server.stop)
     stack.push_async_callback(close_pools)
     # harnesses in other processes or sandboxes find the run's session server here (POST /sessions)
@@ -291,18 +296,31 @@ async def _build_evaluator(inputs: Any, stack: AsyncExitStack) -> Any:
     return evaluator
 
 
-def _build_rollout(cfg: RecipeConfig, hub: Hub, run_dir: Path, source: Any, tasks: Any, sandboxes: Any, server: Any,
-                   buffer: Any, engines: Any, reward: Any, opd: Any, resumed: checkpoint.Loaded | None,
-                   stack: AsyncExitStack) -> tuple[Any, Any]:
-    from miles_engine.rollout.modes import create_mode
-    from miles_engine.rollout.scheduler import Scheduler
+async def _episode_runner(cfg: RecipeConfig, hub: Hub, run_dir: Path, sandboxes: Any, source: Any, server: Any,
+                          reward: Any, opd: Any, placement: Any, stack: AsyncExitStack) -> Any:
+    """The scheduler's ``run_trajectory``: episodes in this process, or in runner actors under Ray."""
+    if placement is not None:
+        from miles_engine.cluster.episode_runners import RunnerSpec
+
+        spec = RunnerSpec(cfg.environment, cfg.sandbox, cfg.agent, cfg.reward, server.url,
+                          env=((RUN_ID_ENV, os.environ[RUN_ID_ENV]),))
+        runners = await placement.episode_runners(spec, after=opd)
+        stack.push_async_callback(runners.close)
+        return runners
     from miles_engine.train.episodes import EpisodeTrajectories
 
     def make_agent() -> Any:
         options = {**cfg.agent.options, "server_url": server.url}
         return hub.create("agent", cfg.agent.name, options, where="agent.options")
 
-    run = EpisodeTrajectories(sandboxes, make_agent, source, reward, after=opd)
+    return EpisodeTrajectories(sandboxes, make_agent, source, reward, after=opd)
+
+
+def _build_rollout(cfg: RecipeConfig, run_dir: Path, tasks: Any, run: Any, buffer: Any, engines: Any,
+                   resumed: checkpoint.Loaded | None, stack: AsyncExitStack) -> tuple[Any, Any]:
+    from miles_engine.rollout.modes import create_mode
+    from miles_engine.rollout.scheduler import Scheduler
+
     rollout = resumed.rollout if resumed is not None else checkpoint.RolloutState(cursor=0)
     scheduler = Scheduler(tasks.iter_from(rollout.cursor), run, buffer, cfg.rollout,
                           version_fn=lambda: engines.weight_version, first_position=rollout.cursor,

@@ -139,3 +139,28 @@ def test_a_temp_dir_too_long_for_rays_sockets_is_refused_at_load() -> None:
 
     msg = load_error(["placement.backend=ray", f"placement.ray.temp_dir=/tmp/{'x' * 40}"])
     assert "placement.ray.temp_dir is 45 characters long" in msg and "at most 42" in msg
+
+
+def test_components_too_big_only_together_are_all_named() -> None:
+    """The resource check alone (no cluster): each component fits, all of them together do not."""
+    from miles_engine.cluster.config import RayOptions
+    from miles_engine.cluster.ray_cluster import Demand, RayCluster
+    from miles_engine.errors import ConfigError
+
+    class TwoCPUs:
+        @staticmethod
+        def cluster_resources() -> dict[str, float]:
+            return {"CPU": 2.0, "memory": 1e9, "node:127.0.0.1": 1.0}
+
+    cluster = RayCluster(RayOptions(), ray=TwoCPUs())
+    demands = [Demand("engines.0 (server, 2 replica(s))", {"CPU": 0.5}, 2),
+               Demand("the trainer (trainer.parallel.world_size=1 rank(s))", {"CPU": 1.0}, 1, "trainer_resources"),
+               Demand("the episode runners (placement.ray.episode_runners=2)", {"CPU": 1.0}, 2, "runner_resources")]
+    with pytest.raises(ConfigError) as err:
+        cluster.check_resources(demands)
+    msg = str(err.value)
+    assert msg.startswith("the run needs 4 CPU in all (engines.0 (server, 2 replica(s)) asks for CPU: 0.5 x 2"), msg
+    assert "the episode runners (placement.ray.episode_runners=2) asks for CPU: 1 x 2 bundle(s)" in msg
+    assert "has 2 CPU (CPU: 2, memory: 1e+09)" in msg
+    assert "placement.ray.engine_resources, placement.ray.trainer_resources, placement.ray.runner_resources" in msg
+    cluster.check_resources(demands[:2])  # 2 CPU: fits

@@ -150,3 +150,45 @@ def test_a_failing_evaluation_is_logged_and_does_not_raise(tmp_path: Path) -> No
     ev = Evaluator(EvalConfig(every=1), tmp_path, prepare=prepare, inline=True)
     asyncio.run(ev.after_step(0, 0))
     assert ev.failed == 1 and ev.rows[0]["eval/failed"] == 1.0 and "eval/reward" not in ev.rows[0]
+
+
+def test_eval_sampling_overrides_reach_the_recipe_agent() -> None:
+    """eval.sampling (temperature, max tokens, top_p) replaces the agent's own, during training and in `miles eval`."""
+    from types import SimpleNamespace
+
+    from miles_engine.config.recipe import load_recipe
+    from miles_engine.evaluation import evaluator, standalone
+    from miles_engine.hub import default_hub
+
+    cfg = load_recipe("tiny-terminal", ["eval.sampling.temperature=0", "eval.sampling.max_tokens=7"])
+    hub = default_hub()
+    during = evaluator._agent_factory(SimpleNamespace(cfg=cfg, hub=hub), "http://127.0.0.1:9")().options
+    alone = standalone._agent_factory(hub, cfg, "http://127.0.0.1:9")().options
+    for options in (during, alone):
+        assert (options.temperature, options.max_tokens, options.max_turns) == (0.0, 7, 3)  # max_turns: the agent's
+        assert options.server_url == "http://127.0.0.1:9"
+    untouched = evaluator._agent_factory(SimpleNamespace(cfg=load_recipe("tiny-terminal"), hub=hub), "http://x")()
+    assert (untouched.options.temperature, untouched.options.max_tokens) == (1.0, 40)
+
+
+def test_shared_eval_retracts_in_flight_groups_per_rollout_mode() -> None:
+    from miles_engine.evaluation.evaluator import shared_in_flight
+
+    assert [shared_in_flight(EvalConfig(), m) for m in ("fully_async", "one_step_off", "sync")] == \
+        ["retract", "finish", "finish"]
+    assert shared_in_flight(EvalConfig(in_flight="finish"), "fully_async") == "finish"
+    assert shared_in_flight(EvalConfig(in_flight="retract"), "sync") == "retract"
+
+
+def test_the_eval_engine_is_checked_when_the_recipe_loads(tmp_path: Path) -> None:
+    from miles_engine.config.recipe import load_recipe
+    from miles_engine.errors import ConfigError, MilesError
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("environment:\n  name: shell-drills\neval:\n  mode: dedicated\n  engine:\n    kind: server\n"
+                      "    options:\n      max_batch_sise: 4\n")
+    with pytest.raises(ConfigError, match=r"r.yaml:\d+: unknown key 'eval.engine.options.max_batch_sise'"):
+        load_recipe(recipe)
+    assert load_recipe(recipe, ["eval.engine.options={max_batch_size: 4}"]).eval.engine.options == {"max_batch_size": 4}
+    with pytest.raises(MilesError, match="unknown engine 'nosuch'; available: embedded, external, server, sglang"):
+        load_recipe(recipe, ["eval.engine.kind=nosuch"])

@@ -100,3 +100,86 @@ def test_no_split_outside_training_by_default() -> None:
     cfg = EvalConfig(limit=7)
     assert cfg.split_method == "none" and train_filter(cfg, drills(10)) is None
     assert select_eval_tasks(cfg, drills(10), from_training_env=True).ids == [r.id for r in drills(7).list_tasks()]
+
+
+def test_resume_refuses_a_changed_split_and_names_the_keys(tmp_path: Path) -> None:
+    """A resumed run whose train / eval split would differ from its checkpoint's is refused with
+    one error naming the keys; keys that leave the split alone may change."""
+    from miles_engine.config.recipe import load_recipe
+    from miles_engine.train import checkpoint_compat
+
+    def config(*overrides: str) -> dict:
+        return load_recipe("tiny-terminal", list(overrides)).model_dump(mode="json")
+
+    written = config("eval.every=5")
+    manifest = {"fingerprint": checkpoint_compat.fingerprint(written, "tok"), "tokenizer_sha256": "tok",
+                "layout": checkpoint_compat.layout(written), "config": written}
+
+    def resume(*overrides: str) -> None:
+        checkpoint_compat.check(manifest, config(*overrides), "tok", tmp_path)
+
+    resume("eval.every=5", "eval.limit=8", "eval.attempts=4", "eval.mode=dedicated")  # same split: fine
+    resume("eval.every=10", "eval.split.by=hash")  # the same hash split, evaluated less often
+    for overrides, named in [
+            (["eval.every=5", "eval.split.fraction=0.2"], "eval.split.fraction: checkpoint 0.1, now 0.2"),
+            (["eval.every=5", "eval.split.salt=other"], "eval.split.salt: checkpoint 'miles-eval', now 'other'"),
+            ([], "eval.every: checkpoint 5, now None"),  # by: auto -> no split without eval.every
+            (["eval.every=5", "eval.environment.name=shell-drills"], "eval.environment.name")]:
+        with pytest.raises(ConfigError) as err:
+            resume(*overrides)
+        text = str(err.value)
+        assert text.startswith(f"cannot resume from {tmp_path}: the train / eval split") and named in text, text
+        assert "hash split, fraction 0.1, salt 'miles-eval'" in text  # what the checkpoint trained with
+    # a run trained without a split may not start evaluating on its own training environment's tasks
+    plain = config()
+    manifest.update(fingerprint=checkpoint_compat.fingerprint(plain, "tok"), config=plain)
+    with pytest.raises(ConfigError, match="the checkpoint trained with nothing held out \\(no split\\), this recipe "
+                                          "with hash split"):
+        resume("eval.every=5")
+    resume("eval.every=5", "eval.environment.name=shell-drills")  # another environment: the training tasks stay
+
+
+def test_eval_tasks_already_trained_by_the_run_are_refused(tmp_path: Path) -> None:
+    """Defence in depth on resume: the groups in consumed.jsonl are checked against the eval set."""
+    from miles_engine.evaluation.evaluator import trained_task_ids
+    from miles_engine.train import consumed
+
+    _, held_out = split_of_drills()
+    consumed.append(tmp_path, 1, 1, [f"{held_out[3]}@7", "calc-x@8"])
+    trained = trained_task_ids(tmp_path)
+    assert trained == {held_out[3], "calc-x"}
+    with pytest.raises(ConfigError, match=f"1 of the {len(held_out)} eval task\\(s\\) are also tasks this run already "
+                                          f"trained on \\(consumed.jsonl\\) of environment 'shell-drills': "
+                                          f"'{held_out[3]}'"):
+        check_disjoint(trained, held_out, environment="shell-drills",
+                       what="tasks this run already trained on (consumed.jsonl)")
+
+
+def test_an_eval_environment_of_its_own_during_training(tmp_path: Path) -> None:
+    """eval.environment: the eval tasks come from it, the training stream keeps all its tasks; the
+    same environment under eval.environment shares task ids with training and is refused."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from miles_engine.config.recipe import load_recipe
+    from miles_engine.evaluation.evaluator import _eval_tasks
+    from miles_engine.hub import default_hub
+
+    hub = default_hub()
+
+    def inputs(*overrides: str) -> SimpleNamespace:
+        cfg = load_recipe("tiny-terminal", ["eval.every=2", "eval.limit=3", *overrides])
+        source = hub.create("environment", cfg.environment.name, cfg.environment.options, where="environment.options")
+        assert train_filter(cfg.eval, source) is None  # nothing held out of training
+        return SimpleNamespace(cfg=cfg, hub=hub, source=source, tasks=TaskStream(source), run_dir=tmp_path)
+
+    closers: list = []
+    tasks = _eval_tasks(inputs("eval.environment.name=terminal-tasks"), closers)
+    assert tasks.source.name == "terminal-tasks" and tasks.split == "an eval environment of its own"
+    assert len(tasks.ids) == 3 and set(tasks.ids) <= set(packaged_source().task_ids())
+    for close in closers:
+        asyncio.run(close())
+    with pytest.raises(ConfigError, match="3 of the 3 eval task\\(s\\) are also training tasks of environment "
+                                          "'shell-drills'"):
+        _eval_tasks(inputs("eval.environment.name=shell-drills", "eval.environment.options.kinds=[echo, calc]",
+                           "eval.environment.options.num_tasks=100000"), [])

@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from miles_engine.cli.main import cli
+from miles_engine.errors import ConfigError
 from miles_engine.evaluation import stats
 from miles_engine.evaluation.runner import per_task_values, read_records
 
@@ -32,8 +33,12 @@ def train(tmp_path: Path, name: str, *overrides: str) -> tuple[Path, list[dict[s
     return run, [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def consumed_rows(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "consumed.jsonl").read_text().splitlines()]
+
+
 def check_no_group_lost(run: Path, rows: list[dict[str, Any]], steps: int, groups_per_step: int) -> None:
-    consumed = [json.loads(line) for line in (run / "consumed.jsonl").read_text().splitlines()]
+    consumed = consumed_rows(run)
     ids = [g for row in consumed for g in row["groups"]]
     assert [row["step"] for row in consumed] == list(range(1, steps + 1))
     assert all(len(row["groups"]) == groups_per_step for row in consumed) and len(set(ids)) == len(ids)
@@ -51,6 +56,8 @@ def versions_by_step(rows: list[dict[str, Any]]) -> dict[int, int]:
 
 @pytest.mark.timeout(600)
 def test_dedicated_engine_evaluates_snapshots_while_training(tmp_path: Path) -> None:
+    """The default eval engine (one embedded engine of its own, fed by colocated transport); a
+    `server` eval engine is evaluated in tests/train/test_fleet_e2e.py (learning run)."""
     run, rows = train(tmp_path, "dedicated", *CHEAP, "eval.mode=dedicated")
     evals = eval_rows(rows)
     assert sorted(evals) == [0, 2, 4]
@@ -102,6 +109,12 @@ def test_external_command_runs_on_each_checkpoint(tmp_path: Path) -> None:
         assert json.loads((run / "eval" / f"external_step_{step:06d}.json").read_text())["metrics"]["step_seen"] == step
     assert not list((run / "eval").glob(".external-*"))  # the hard-linked checkpoint copies are removed
     check_no_group_lost(run, rows, 4, 2)
+    # resuming with another held-out split is refused before anything starts, naming the key
+    result = CliRunner().invoke(cli, ["train", "--resume", str(run), "run.steps=6", "eval.split.fraction=0.3"])
+    assert result.exit_code != 0 and isinstance(result.exception, ConfigError)
+    assert "the train / eval split of the training environment's tasks would change" in str(result.exception)
+    assert "eval.split.fraction: checkpoint 0.1, now 0.3" in str(result.exception)
+    assert len(consumed_rows(run)) == 4  # nothing trained
 
 
 @pytest.mark.slow
@@ -120,6 +133,12 @@ def test_shared_eval_held_out_accuracy_rises_and_checkpoints_compare(tmp_path: P
     assert all(evals[s]["eval/weight_version"] == versions[s] for s in (10, 20, 30))
     assert all(evals[s]["eval/version_mismatched_attempts"] == 0 for s in evals)
     check_no_group_lost(run, rows, 30, 8)
+    # fully_async: the groups generating when an eval starts are retracted and generated again after it
+    # (eval.in_flight: auto); the last training row counts those of the evals at steps 10 and 20
+    retracted = [evals[s]["eval/retracted_groups"] for s in (0, 10, 20, 30)]
+    assert retracted[0] == 0  # step 0: the rollout has not started
+    last_train = [r for r in rows if r["kind"] == "train"][-1]
+    assert last_train.get("scheduler/groups_retracted", 0) == retracted[1] + retracted[2]
     first, last = (read_records(run / "eval" / f"step_{s:06d}.jsonl") for s in (0, 30))
     diff = stats.paired_difference(per_task_values(last), per_task_values(first))
     assert diff.n == 32 and diff.low > 0, (diff, {s: round(evals[s]["eval/reward"], 3) for s in evals})

@@ -229,3 +229,52 @@ def test_task_stream_cycles_with_seeded_shuffle_and_refuses_empty_sets():
         TaskStream(_Source([]))
     with pytest.raises(ConfigError, match="no task"):
         TaskStream(src, task_ids=["t1", "nope"])
+
+
+def test_retract_requeues_running_groups_under_their_ids_and_the_phase_quota_sees_them_once():
+    """What shared evaluation does under fully_async (eval.in_flight: retract): pause, retract the
+    groups still generating (their episodes are cancelled and clean up), evaluate, resume: each
+    retracted group runs again from scratch under the same group id, none is lost or doubled."""
+    from miles_engine.rollout.modes import SyncMode
+
+    release = asyncio.Event()
+    started: list[tuple[str, int]] = []
+    cleaned: list[tuple[str, int]] = []
+
+    async def run_trajectory(task, attempt):
+        started.append((task, attempt))
+        try:
+            if attempt == 1:  # attempt 0 finishes at once: a retracted group may be part done
+                await release.wait()
+            return traj([0], reward=float(attempt))
+        finally:
+            cleaned.append((task, attempt))
+
+    async def main():
+        buf = AsyncBuffer(BufferOptions(capacity_groups=8))
+        sched = Scheduler(_tasks(), run_trajectory, buf, SchedulerOptions(group_size=2, max_inflight=4))
+        mode = SyncMode(sched, groups_per_step=3)
+        await mode.start()
+        for _ in range(1000):  # two groups fit the credits: both submitted, their attempt 1 blocked
+            if len(started) == 4 and sched.inflight == 2:
+                break
+            await asyncio.sleep(0)
+        assert sorted(started) == [("task0", 0), ("task0", 1), ("task1", 0), ("task1", 1)]
+        sched.pause()
+        assert await sched.retract() == 2
+        assert sched.inflight == 0 and len(buf) == 0 and sched.unfinished() == [(0, "task0"), (1, "task1")]
+        assert ("task0", 1) in cleaned and ("task1", 1) in cleaned  # cancelled episodes ran their cleanup
+        m = sched.metrics()
+        assert m["scheduler/groups_retracted"] == 2 and m["scheduler/trajectories_retracted"] == 2
+        assert m["scheduler/submitted_groups"] == 0
+        assert await sched.retract() == 0  # nothing left running
+        release.set()
+        sched.resume()
+        groups = await buf.get(3, 0, timeout=5)
+        assert [g.group_id for g in groups] == ["task0@0", "task1@1", "task2@2"]
+        assert all(sorted(t.reward for t in g.trajectories) == [0.0, 1.0] for g in groups)
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert sched.submitted_groups == 3 and len(buf) == 0  # the phase quota counted each group once
+        await mode.stop()
+    run(main())

@@ -34,8 +34,10 @@ def metric_rows(run: Path, kind: str = "train") -> list[dict]:
 
 def make_warm_run(out: Path) -> Path:
     """The recipe's SFT warm start, then one RL step on its embedded engine: a resumable run dir."""
+    # eval.split.by=hash: its training tasks leave the held-out ones out, so a resumed copy may evaluate
+    # on them (a resume that changes the split is refused)
     proc = train_cli(["tiny-terminal", "run.steps=1", "run.max_minutes=null", "metrics.progress=false",
-                   f"run.out_dir={out}", "run.name=warm"])
+                   "eval.split.by=hash", f"run.out_dir={out}", "run.name=warm"])
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out / "warm"
 

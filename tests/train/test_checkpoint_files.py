@@ -110,6 +110,11 @@ def test_resume_compatibility_names_each_difference(tmp_path: Path) -> None:
                 "layout": checkpoint_compat.layout(CONFIG), "config": CONFIG}
     mutable = {**CONFIG, "run": {"steps": 99}, "trainer": {**CONFIG["trainer"], "num_threads": 2}}
     checkpoint_compat.check(manifest, mutable, "tok", tmp_path)
+    other_backend = {**CONFIG, "trainer": {**CONFIG["trainer"], "backend": "megatron",  # same trainer state format
+                                           "megatron": {"tensor_parallel": 1}}}
+    checkpoint_compat.check(manifest, other_backend, "tok", tmp_path)
+    older = {**manifest, "fingerprint": "written-when-more-keys-were-fingerprinted"}
+    checkpoint_compat.check(older, other_backend, "tok", tmp_path)  # the stored recipe decides
     layout = {**CONFIG, "placement": {"trainer": "in_process"}}
     with pytest.raises(ConfigError, match="different parallel layout\n  placement.trainer: checkpoint "
                                           "'subprocess', now 'in_process'"):

@@ -1,6 +1,7 @@
 """tiny-terminal on a fleet of `server` engine processes behind the router: it learns over the
-disk_delta transport, and a SIGKILLed engine process is restarted with the current weights
-(broadcast, checked tensor by tensor) while the run goes on, with every group accounted for.
+disk_delta transport (evaluated meanwhile by a dedicated `server` eval engine), and a SIGKILLed
+engine process is restarted with the current weights (broadcast, checked tensor by tensor) while
+the run goes on, with every group accounted for.
 
 The SFT warm start runs once per session (``warm_run`` in conftest: the recipe as shipped, then
 1 RL step on the embedded engine); each variant resumes a copy of that run directory with
@@ -27,10 +28,37 @@ from tests.train.fleet_helpers import assert_accounted, assert_learns, resume_wi
 # and push, in Ray actors, through an engine kill); here its recovery is (the SIGKILL test below)
 @pytest.mark.parametrize("transport", ["disk_delta"])
 def test_two_server_engines_learn(warm_run: Path, tmp_path: Path, transport: str) -> None:
-    run = resume_with(warm_run, tmp_path / "run", [f"weights.transport={transport}"])
+    """Also evaluation in dedicated mode on a `server` engine of its own (issue 18): every 10 steps
+    it gets a snapshot by broadcast and evaluates 32 held-out drills while training goes on; the
+    held-out reward rises (paired difference, step 31 - step 1, 95% interval above 0)."""
+    run = resume_with(warm_run, tmp_path / "run", [f"weights.transport={transport}", "eval.every=10",
+                                                   "eval.mode=dedicated", "eval.engine.kind=server",
+                                                   "eval.limit=32", "eval.attempts=4"])
     train = assert_learns(run)
     assert_accounted(run, train)
     assert all(r["engines/restarts"] == 0 for r in train)
+    assert_dedicated_eval(run, train)
+
+
+def assert_dedicated_eval(run: Path, train: list[dict]) -> None:
+    from miles_engine.evaluation import stats
+    from miles_engine.evaluation.runner import per_task_values, read_records
+
+    evals = {r["step"]: r for r in metric_rows(run, "eval")}
+    assert sorted(evals) == [1, 11, 21, 31]  # the resumed step (eval.at_start), then every 10
+    versions = {r["step"]: int(r["weights/version"]) for r in metric_rows(run)}
+    records = {}
+    for step, row in evals.items():
+        assert row["eval/failed"] == 0 and row["eval/weight_version"] == versions[step] and row["eval/lag_steps"] >= 0
+        records[step] = read_records(run / "eval" / f"step_{step:06d}.jsonl")
+        assert all(r.weight_versions == [versions[step]] for r in records[step] if r.ok)  # the snapshot's weights
+    held_out = {r.task_id for rs in records.values() for r in rs}
+    trained = {g.rsplit("@", 1)[0] for line in (run / "consumed.jsonl").read_text().splitlines()
+               for g in json.loads(line)["groups"]}
+    assert len(held_out) == 32 and not held_out & trained
+    assert (run / "eval" / "engines" / "eval-0").is_dir()  # the eval engine process's own state
+    diff = stats.paired_difference(per_task_values(records[31]), per_task_values(records[1]))
+    assert diff.low > 0, (diff, {s: round(evals[s]["eval/reward"], 3) for s in evals})
 
 
 def _engine_pid(run: Path, name: str) -> int | None:

@@ -29,7 +29,8 @@ psutil = pytest.importorskip("psutil")
 pytest.importorskip("ray")  # the `ray` extra; ./dev.sh test installs it
 
 RAY = ["placement.backend=ray", "placement.ray.num_cpus=2", "placement.ray.engine_resources={CPU: 0.5}",
-       "placement.ray.trainer_resources={CPU: 1}", "weights.transport=broadcast", "weights.check_update_equal=true"]
+       "placement.ray.trainer_resources={CPU: 0.5}", "placement.ray.runner_resources={CPU: 0.25}",
+       "weights.transport=broadcast", "weights.check_update_equal=true"]
 
 
 def _loopback(ip: str) -> bool:
@@ -138,7 +139,9 @@ def test_ray_placement_learns_and_survives_an_engine_actor_kill(warm_run: Path, 
     assert_accounted(run, train)
     last = train[-1]
     assert last["engines/server-0/restarts"] >= 1 and last["ray/restarts/server-0"] >= 1
-    assert last["ray/actors"] == 3 and last["ray/placement_groups"] == 2  # 2 engines + 1 trainer rank
+    # 2 engines + 1 trainer rank + 2 episode runners (their sandboxes), in 3 placement groups
+    assert last["ray/actors"] == 5 and last["ray/placement_groups"] == 3 and last["runners/live"] == 2
+    assert "runners/episodes_lost" not in last and not any(k.startswith("ray/restarts/runner") for k in last)
     after = [r for r in train if r["engines/server-0/restarts"] >= 1]
     assert after and all(r["weights/tensors_checked"] > 0 and r["weights/engines"] == 2 for r in after[1:])
     assert sum(r["engines/server-0/requests"] for r in after) > 0  # the replacement actor served
@@ -160,8 +163,8 @@ def test_a_local_run_never_imports_ray() -> None:
 @pytest.mark.timeout(900)
 def test_a_dead_trainer_rank_actor_stops_the_run_and_resume_trains_every_group_once(warm_run: Path,
                                                                                   tmp_path: Path) -> None:
-    """The trainer rank's actor is SIGKILLed mid-run: the run stops with one error naming the rank,
-    nothing of Ray stays; ``--resume`` (here on the local placement: the backend may change)
+    """The trainer rank's actor is SIGKILLed mid-run (weights by disk_delta through the run
+    directory, checked): the run stops with one error naming the rank, nothing of Ray stays; ``--resume`` (here on the local placement: the backend may change)
     finishes from the last checkpoint and no group is trained twice."""
     import json
     import shutil
@@ -171,7 +174,7 @@ def test_a_dead_trainer_rank_actor_stops_the_run_and_resume_trains_every_group_o
     temp = Path(tempfile.mkdtemp(prefix="mr-", dir="/tmp"))
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     driver = subprocess.Popen([*MILES, "--resume", str(run), *FLEET, "run.steps=12", "run.checkpoint_every=2", *RAY,
-                               f"placement.ray.temp_dir={temp}"],
+                               "weights.transport=disk_delta", f"placement.ray.temp_dir={temp}"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     watcher = RunWatcher(driver, run)
     killed: list[int] = []
@@ -196,6 +199,10 @@ def test_a_dead_trainer_rank_actor_stops_the_run_and_resume_trains_every_group_o
     assert killed, "the trainer rank actor was never found to kill"
     assert driver.returncode != 0, out[-3000:]
     assert "trainer rank 0 (Ray actor) died" in out, out[-3000:]
+    # disk_delta under Ray: the engine actors load each version from RUN_DIR/weights, checked tensor by tensor
+    pushed = [r for r in metric_rows(run) if r.get("weights/engines") == 2]
+    assert pushed and all(r["weights/tensors_checked"] > 0 for r in pushed)
+    assert any((run / "weights").iterdir())
     deadline = time.monotonic() + 30
     while watcher.survivors() and time.monotonic() < deadline:
         time.sleep(0.5)

@@ -69,10 +69,13 @@ def _push_checked(named: dict[str, torch.Tensor], model) -> None:
     run(main(), 60)
 
 
-def _parity(model, world: int, cfg: dict | None = None, groups=None, push: bool = False, **sizes) -> None:
+def _parity(model, world: int, cfg: dict | None = None, groups=None, push: bool = False, checks_on=None,
+            **sizes) -> None:
     cfg = {**BASE, **(cfg or {})}
     ref = GradTorchTrainer(copy.deepcopy(model), cfg)
     with _megatron(model, cfg, world, **sizes) as mg:
+        if checks_on is not None:
+            checks_on(mg)
         _same_step(ref, mg, ref.sft_step(SFT_ROWS), mg.sft_step(SFT_ROWS), ("loss", "nll", "grad_norm", "tokens"))
         groups = groups or random_groups(3, 3, seed=1)
         keys = ("loss", "pg_loss", "entropy", "grad_norm", "reward_mean", "tokens", "ratio_mean")
@@ -149,3 +152,30 @@ def test_pp2_with_micro_batches_equals_the_torch_backend() -> None:
 @pytest.mark.slow
 def test_dp2_equals_the_torch_backend() -> None:
     _parity(dict(TINY, tie_word_embeddings=False), 2)  # TP=1 x 2 data-parallel ranks: rows split, grads averaged
+
+
+def _ep_checks(mg) -> None:
+    """Experts sharded over the EP ranks: the mapping round trips bit exact with HF's logits, and the
+    replayed forward (every rank in step) routes exactly the recorded experts."""
+    ids = [[1, 5, 9, 200, 3, 7, 11, 2], [4, 4, 8, 15, 16, 23, 42, 0]]
+    got = mg.call(checks.round_trip, dict(MOE, tie_word_embeddings=False), ids)
+    assert got["names"] and got["mismatched"] == [] and got["logits_max_diff"] < TOL, got
+    routes = torch.randint(0, 4, (2, 8, 2, 1), generator=torch.Generator().manual_seed(0)).expand(-1, -1, -1, 2).clone()
+    routes[..., 1] = (routes[..., 0] + 1) % 4
+    used = mg.call(checks.replayed_forward, ids, routes)["experts"]
+    assert all(torch.equal(used[i].sort(-1).values, routes[:, :, i].sort(-1).values) for i in range(2))
+
+
+def test_ep2_equals_the_torch_backend_with_r3_and_pushes_checked_weights() -> None:
+    """EP=2 over two data-parallel ranks (2 experts each): uneven rows and micro-batch counts per rank
+    (padded token dispatch, dummy micro-batches), routes replayed, expert shards gathered for the push."""
+    _parity(dict(MOE, tie_word_embeddings=False), 2, {"algorithm": {"routing_replay": True}},
+            groups=random_groups(3, 3, seed=2, routed=True), push=True, checks_on=_ep_checks, expert_parallel=2)
+
+
+@pytest.mark.slow
+def test_tp2_sequence_parallel_equals_the_torch_backend_moe_with_r3() -> None:
+    """SP: each TP rank holds half of each (padded) sequence between the blocks; norms and router see
+    half of the tokens (their grads summed over TP), each rank replays the routes of its half."""
+    _parity(dict(MOE), 2, {"algorithm": {"routing_replay": True}}, groups=random_groups(3, 3, seed=2, routed=True),
+            tensor_parallel=2, sequence_parallel=True)

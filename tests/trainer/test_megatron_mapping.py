@@ -77,8 +77,19 @@ def test_bad_parallel_sizes_are_one_clear_error() -> None:
         MegatronConfig(tensor_parallel=2).check(3, shape)
     with pytest.raises(ConfigError, match="pipeline_parallel=4 must divide the model's 2 layers"):
         MegatronConfig(pipeline_parallel=4).check(4, shape)
-    with pytest.raises(ConfigError, match="expert_parallel=2: expert parallelism is not supported yet"):
-        MegatronConfig(expert_parallel=2).check(2, model_shape("tiny:qwen3_moe"))
+    moe = model_shape("tiny:qwen3_moe")  # 4 experts
+    assert MegatronConfig(expert_parallel=2).check(2, moe) == 2
+    with pytest.raises(ConfigError, match="expert_parallel=3 must divide the model's 4 experts"):
+        MegatronConfig(expert_parallel=3).check(3, moe)
+    with pytest.raises(ConfigError, match="expert_parallel=2 needs a MoE model"):
+        MegatronConfig(expert_parallel=2).check(2, shape)
+    with pytest.raises(ConfigError, match="expert_parallel=2 with pipeline_parallel=2 is not supported"):
+        MegatronConfig(expert_parallel=2, pipeline_parallel=2).check(4, moe)
+    assert MegatronConfig(tensor_parallel=2, sequence_parallel=True).check(2, shape) == 1
+    with pytest.raises(ConfigError, match=r"sequence_parallel=true needs tensor_parallel > 1 .*\(got 1 and 1\)"):
+        MegatronConfig(sequence_parallel=True).check(2, shape)
+    with pytest.raises(ConfigError, match="context_parallel=2 is not supported: .*Transformer Engine"):
+        MegatronConfig(context_parallel=2).check(2, shape)
     assert MegatronConfig(tensor_parallel=2).check(4, shape) == 2  # the data-parallel size
     with pytest.raises(ConfigError, match=r"trainer\.backend"):
         TrainerConfig.load({"backend": "deepspeed"})

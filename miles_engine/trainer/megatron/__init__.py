@@ -4,6 +4,7 @@ parallel ranks behind the same trainer interface as the torch backend.
 - :mod:`.cpu_compat`: megatron-core's CUDA-only assumptions handled for CPU (gloo) runs.
 - :mod:`.gpt`: HF configs as ``GPTModel``s; :class:`~.gpt.HFCausalLM` answers the HF call.
 - :mod:`.hf_mapping`: HF <-> Megatron weights (fused QKV / gated MLP, TP / PP / EP shards).
+- :mod:`.expert_parallel`: the MoE token dispatch with uneven token counts over EP ranks.
 - :mod:`.trainer`: one rank (a ``TorchTrainer`` running on the Megatron model).
 - :mod:`.proxy`: the driver-side object over the rank processes.
 

@@ -21,7 +21,8 @@ def round_trip(tr: Any, source: Any, ids: list[list[int]]) -> dict[str, Any]:
     hf_state = {k: v.detach().clone() for k, v in hf.state_dict().items()}
     shape = shape_of(hf.config)
     m = tr.config.megatron
-    gpt = build_gpt(hf.config, tp=m.tensor_parallel, pp=m.pipeline_parallel)
+    gpt = build_gpt(hf.config, tp=m.tensor_parallel, pp=m.pipeline_parallel, ep=m.expert_parallel,
+                    sp=m.sequence_parallel)
     tr._load_params(gpt, hf_state, shape)
     back = tr._gathered({k: v.detach() for k, v in gpt.named_parameters()}, shape)
     lm = HFCausalLM(gpt, hf.config).eval()

@@ -17,8 +17,13 @@ class MegatronConfig(BaseModel):
                                  "ranks (must divide the attention and key/value heads)")
     pipeline_parallel: int = Field(1, ge=1, description="PP: decoder layers split into this many stages "
                                    "(must divide the layers); micro-batches flow stage to stage")
-    expert_parallel: int = Field(1, ge=1, description="EP (MoE models): experts split over this many ranks; "
-                                 "only 1 for now (experts are split over tensor_parallel)")
+    expert_parallel: int = Field(1, ge=1, description="EP (MoE models): experts split over this many "
+                                 "data-parallel ranks (must divide the experts; pipeline_parallel=1)")
+    sequence_parallel: bool = Field(False, description="SP: between the attention and MLP blocks each TP rank "
+                                    "holds 1/tensor_parallel of the tokens (needs tensor_parallel > 1, "
+                                    "pipeline_parallel=1)")
+    context_parallel: int = Field(1, ge=1, description="not supported (refused unless 1): Megatron's context "
+                                  "parallelism needs Transformer Engine attention")
 
     def data_parallel(self, world_size: int) -> int:
         return world_size // (self.tensor_parallel * self.pipeline_parallel)
@@ -33,11 +38,18 @@ class MegatronConfig(BaseModel):
         elif (world_size // pp) % (tp * ep):
             problems.append(f"{prefix}.expert_parallel={ep} x tensor_parallel={tp} must divide the {world_size // pp} "
                             f"ranks of a pipeline stage")
-        if ep > 1:
-            problems.append(f"{prefix}.expert_parallel={ep}: expert parallelism is not supported yet (the weight "
-                            f"mapping shards experts, but the MoE token dispatch needs equal micro-batches on every "
-                            f"expert-parallel rank, and its all-to-all needs CUDA); use expert_parallel=1 (experts "
-                            f"are still split over tensor_parallel)")
+        if ep > 1 and pp > 1:
+            problems.append(f"{prefix}.expert_parallel={ep} with pipeline_parallel={pp} is not supported (the "
+                            f"pipeline's micro-batch loop does not keep expert-parallel ranks in step); "
+                            f"use one of them")
+        if self.sequence_parallel and (tp == 1 or pp > 1):
+            problems.append(f"{prefix}.sequence_parallel=true needs tensor_parallel > 1 and pipeline_parallel=1 "
+                            f"(got {tp} and {pp}): it splits the sequence over the TP ranks, and the pipeline's "
+                            f"stage-to-stage transfers are not split")
+        if self.context_parallel != 1:
+            problems.append(f"{prefix}.context_parallel={self.context_parallel} is not supported: megatron-core's "
+                            f"context parallelism needs Transformer Engine attention (not in the local layer spec "
+                            f"this backend builds); use context_parallel=1")
         if shape is not None:
             if shape.heads % tp or shape.kv_heads % tp:
                 problems.append(f"{prefix}.tensor_parallel={tp} must divide the model's {shape.heads} attention heads "

@@ -21,6 +21,12 @@ megatron-core 0.16.1 assumes CUDA in a few places that a CPU run (gloo ranks) re
    only, ``Tensor.cuda`` leaves CPU tensors where they are.
 
 Nothing changes when a GPU is present: :func:`enable` returns ``False`` without touching anything.
+
+6. Without Apex (here, and on GPUs without it) the local spec's norms are ``WrappedTorchNorm``,
+   which refuses ``sequence_parallel`` only because plain torch norms do not tag their weights for
+   megatron-core's sequence-parallel gradient all-reduce. The backend sums those gradients over TP
+   itself (``MegatronTrainer._reduce_grads``), so :func:`torch_norm_with_sequence_parallel` builds
+   them from a copy of the config with the flag off (a norm acts per token: nothing else changes).
 """
 
 from __future__ import annotations
@@ -102,6 +108,26 @@ def _cpu_setup_embeddings(original: Any) -> Any:
         finally:
             torch.Tensor.cuda = cuda  # type: ignore[method-assign]
     return setup
+
+
+def torch_norm_with_sequence_parallel() -> None:
+    """Item 6 (idempotent): ``WrappedTorchNorm`` accepts a sequence-parallel config."""
+    import copy
+
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    if getattr(WrappedTorchNorm.__new__, "_miles_sp", False):
+        return
+    original = WrappedTorchNorm.__new__
+
+    def new(cls: Any, config: Any, *args: Any, **kwargs: Any) -> Any:
+        if config.sequence_parallel:
+            config = copy.copy(config)
+            config.sequence_parallel = False
+        return original(cls, config, *args, **kwargs)
+
+    new._miles_sp = True  # type: ignore[attr-defined]
+    WrappedTorchNorm.__new__ = new  # type: ignore[method-assign]
 
 
 def fix_missing_te() -> None:

@@ -78,7 +78,8 @@ def padded_vocab(vocab: int, tp: int) -> int:
     return -(-vocab // tp) * tp
 
 
-def transformer_config(config: Any, *, tp: int = 1, pp: int = 1, ep: int = 1, bf16: bool = False) -> Any:
+def transformer_config(config: Any, *, tp: int = 1, pp: int = 1, ep: int = 1, sp: bool = False,
+                       bf16: bool = False) -> Any:
     from megatron.core.transformer import TransformerConfig
 
     c = text_config(config)
@@ -100,7 +101,7 @@ def transformer_config(config: Any, *, tp: int = 1, pp: int = 1, ep: int = 1, bf
         params_dtype=torch.float32, pipeline_dtype=torch.float32, bf16=bf16, use_cpu_initialization=True, perform_initialization=False,
         apply_rope_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
         persist_layer_norm=False, gradient_accumulation_fusion=False, bias_dropout_fusion=False,
-        attention_softmax_in_fp32=True, sequence_parallel=False, **kwargs)
+        attention_softmax_in_fp32=True, sequence_parallel=sp and tp > 1, **kwargs)
 
 
 def rope_base(config: Any) -> float:
@@ -109,22 +110,37 @@ def rope_base(config: Any) -> float:
     return float(rope.get("rope_theta", getattr(c, "rope_theta", 10000.0)))
 
 
-def build_gpt(config: Any, *, tp: int = 1, pp: int = 1, ep: int = 1, bf16: bool = False) -> nn.Module:
-    """A GPTModel for this rank's pipeline stage (parallel state must be initialised)."""
+def build_gpt(config: Any, *, tp: int = 1, pp: int = 1, ep: int = 1, sp: bool = False, bf16: bool = False
+              ) -> nn.Module:
+    """A GPTModel for this rank's pipeline stage (parallel state must be initialised). ``sp``:
+    sequence parallelism over the TP ranks (each holds 1/TP of the tokens between the attention and
+    MLP blocks); the output layer then takes the gathered hidden states (see :class:`HFCausalLM`)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     c = text_config(config)
     shape = shape_of(c)
-    tcfg = transformer_config(c, tp=tp, pp=pp, ep=ep, bf16=bf16)
+    tcfg = transformer_config(c, tp=tp, pp=pp, ep=ep, sp=sp, bf16=bf16)
+    if tcfg.sequence_parallel:
+        from miles_engine.trainer.megatron.cpu_compat import torch_norm_with_sequence_parallel
+
+        torch_norm_with_sequence_parallel()
     spec = get_gpt_layer_local_spec(num_experts=shape.experts or None, moe_grouped_gemm=False,
                                     qk_layernorm=shape.qk_norm, normalization="RMSNorm")
-    return GPTModel(config=tcfg, transformer_layer_spec=spec, vocab_size=padded_vocab(shape.vocab, tp),
-                    max_sequence_length=int(getattr(c, "max_position_embeddings", 4096)),
-                    pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
-                    share_embeddings_and_output_weights=shape.tied, position_embedding_type="rope",
-                    rotary_base=int(rope_base(c)), parallel_output=True)
+    gpt = GPTModel(config=tcfg, transformer_layer_spec=spec, vocab_size=padded_vocab(shape.vocab, tp),
+                   max_sequence_length=int(getattr(c, "max_position_embeddings", 4096)),
+                   pre_process=ps.is_pipeline_first_stage(), post_process=ps.is_pipeline_last_stage(),
+                   share_embeddings_and_output_weights=shape.tied, position_embedding_type="rope",
+                   rotary_base=int(rope_base(c)), parallel_output=True)
+    if tcfg.sequence_parallel and gpt.post_process:  # HFCausalLM gathers the sequence before the head
+        gpt.output_layer.sequence_parallel = False
+        gpt.output_layer.allreduce_dgrad = True
+    if ep > 1:  # EP ranks hold different rows: token counts differ per rank
+        from miles_engine.trainer.megatron.expert_parallel import pad_token_dispatch
+
+        pad_token_dispatch(gpt)
+    return gpt
 
 
 class _Out:
@@ -168,19 +184,28 @@ class HFCausalLM(nn.Module):
 
         gpt = self.gpt
         rows, width = input_ids.shape
+        sp = gpt.config.sequence_parallel
+        if sp:  # the sequence splits evenly over TP: right padding (causal: real tokens never see it)
+            tp = gpt.config.tensor_model_parallel_size
+            full = -(-width // tp) * tp
+            input_ids = torch.nn.functional.pad(input_ids, (0, full - width))
         if gpt.pre_process:
-            pos = torch.arange(width, device=input_ids.device).unsqueeze(0).expand(rows, -1)
+            pos = torch.arange(input_ids.shape[1], device=input_ids.device).unsqueeze(0).expand(rows, -1)
             hidden = gpt.embedding(input_ids=input_ids, position_ids=pos)  # [s, b, h]
         else:
             if self._stage_input is None:
                 raise RuntimeError("a later pipeline stage needs set_stage_input() before its forward")
             hidden = self._stage_input
         gpt.decoder.set_input_tensor(None if gpt.pre_process else hidden)
-        rotary = gpt.rotary_pos_emb(width)
+        rotary = gpt.rotary_pos_emb(input_ids.shape[1])
         hidden = gpt.decoder(hidden_states=hidden if gpt.pre_process else None, attention_mask=None,
                              rotary_pos_emb=rotary)
         if not gpt.post_process:
             return _Out(None, hidden)
+        if sp:  # [s/tp, b, h] -> [s, b, h]; backward: this rank's slice of the (all-reduced) gradient
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)[:width]
         bsh = hidden.transpose(0, 1)  # [b, s, h], after the final norm (like HF's hidden_states[-1])
         if isinstance(logits_to_keep, Tensor) and logits_to_keep.dtype == torch.bool:
             head_in = bsh[logits_to_keep].unsqueeze(1)  # [kept, 1, h]

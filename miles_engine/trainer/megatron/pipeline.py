@@ -3,9 +3,10 @@
 Every rank of a data-parallel replica (its TP and PP peers) holds the same rows and plans the
 same micro-batches, and gradients are averaged after the last one (not by collectives inside
 the backward, as FSDP does), so no rank runs the zero-weight dummy micro-batches the FSDP
-backend needs. With PP > 1 each micro-batch goes forward stage by stage (hidden states
-``[tokens, rows, hidden]`` sent to the next stage), the last stage runs the loss function -
-the torch backend's, on its logits - and the backward returns stage by stage; one micro-batch
+backend needs (except with EP > 1, see :func:`run_micro_batches`). With PP > 1 each micro-batch
+goes forward stage by stage (hidden states ``[tokens, rows, hidden]`` sent to the next stage), the
+last stage runs the loss function - the torch backend's, on its logits - and the backward returns
+stage by stage; one micro-batch
 at a time (the GPipe order without overlap: exact, not yet pipelined for speed). Metrics are the
 last stage's, broadcast to the other stages.
 """
@@ -60,16 +61,24 @@ def _stage_micro_batch(tr: MegatronTrainer, mb: MicroBatch, fn: Callable, grad: 
 
 
 def run_micro_batches(tr: MegatronTrainer, batch: StepBatch, plan: list[list[int]], fn: Callable,
-                      *, grad: bool = True, keys: Sequence[str] = ()) -> dict[str, Tensor]:
+                      dummy: Callable[[], Tensor], *, grad: bool = True, keys: Sequence[str] = ()
+                      ) -> dict[str, Tensor]:
+    """``fn`` on each micro-batch of ``plan`` (then backward when ``grad``). With EP > 1 every rank
+    runs as many micro-batches as the rank with most (``dummy``: zero-weight ones), since each MoE
+    forward and backward is a collective over the expert-parallel group."""
     sums = {k: torch.zeros((), dtype=torch.float64) for k in keys}
-    for rows in plan:
-        mb = batch.slice(rows)
-        if tr.layout.pp == 1:
-            loss, metrics = fn(mb)
+    n = tr.n_micro(plan) if tr.layout.ep > 1 else len(plan)
+    for i in range(n):
+        if i >= len(plan):
+            loss, metrics = dummy(), {}
+            if grad:
+                loss.backward()
+        elif tr.layout.pp == 1:
+            loss, metrics = fn(batch.slice(plan[i]))
             if grad:
                 (loss * tr.comm.world_size).backward()
         else:
-            loss, metrics = _stage_micro_batch(tr, mb, fn, grad)
+            loss, metrics = _stage_micro_batch(tr, batch.slice(plan[i]), fn, grad)
         if metrics.keys() - sums.keys():
             raise RuntimeError(f"metrics {sorted(metrics.keys() - sums.keys())} are not declared in keys")
         for k, v in metrics.items():

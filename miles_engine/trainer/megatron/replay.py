@@ -7,7 +7,8 @@ router's top-k runs as usual, then rows with a recorded route (``>= 0``) take th
 experts, and their weights are the router's scores gathered at those experts (so the
 softmax/renormalisation that follows is the router's own). Megatron's tokens are
 ``[seq, batch]``-major, the replay tensor ``[batch, seq, layers, top_k]``; layers are global
-(a pipeline stage's routers are layers ``offset ..``).
+(a pipeline stage's routers are layers ``offset ..``). Under sequence parallelism a TP rank's
+router sees its slice of the sequence only, and replays that slice.
 """
 
 from __future__ import annotations
@@ -29,8 +30,14 @@ class _LayerReplay:
         probs, idx = default_compute_topk(scores, topk, num_groups=num_groups, group_topk=group_topk)
         replay = self.owner._replay
         if replay is not None:
-            b, s = replay.shape[:2]
-            forced = replay[:, :, self.layer].transpose(0, 1).reshape(-1, replay.shape[-1]).to(idx.device, idx.dtype)
+            forced = replay[:, :, self.layer].transpose(0, 1)  # [s, b, k]
+            parts, rank = self.owner.sequence_split
+            if parts > 1:  # sequence parallel: this TP rank routes its slice of the (padded) sequence
+                full = -(-forced.shape[0] // parts) * parts
+                forced = torch.nn.functional.pad(forced, (0, 0, 0, 0, 0, full - forced.shape[0]), value=-1)
+                forced = forced.chunk(parts)[rank]
+            s, b = forced.shape[:2]
+            forced = forced.reshape(-1, replay.shape[-1]).to(idx.device, idx.dtype)
             if forced.shape != idx.shape:
                 raise RuntimeError(f"routing replay: layer {self.layer} routed {tuple(idx.shape)} but the replay "
                                    f"has {tuple(forced.shape)}")
@@ -46,9 +53,10 @@ class _LayerReplay:
 class MegatronRoutingReplay:
     """``set(replay)`` with ``[batch, seq, layers, top_k]`` ints (-1: the router's own choice) before
     a forward, ``set(None)`` for none; ``last[layer]``: the experts a layer used in the latest
-    forward (``[batch, seq, top_k]`` when replaying)."""
+    forward (``[batch, seq, top_k]`` when replaying; the rank's sequence slice under SP)."""
 
-    def __init__(self, model: nn.Module, *, num_layers: int, layer_offset: int = 0) -> None:
+    def __init__(self, model: nn.Module, *, num_layers: int, layer_offset: int = 0,
+                 sequence_split: tuple[int, int] = (1, 0)) -> None:
         from megatron.core.transformer.moe.router import TopKRouter
 
         self.routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
@@ -60,6 +68,7 @@ class MegatronRoutingReplay:
         self.top_k = int(cfg.moe_router_topk)
         self.num_experts = int(cfg.num_moe_experts)
         self._num_layers = num_layers
+        self.sequence_split = sequence_split  # (TP size, TP rank) under sequence parallelism
         self._replay: Tensor | None = None
         self.last: list[Tensor | None] = [None] * num_layers
         for i, router in enumerate(self.routers):

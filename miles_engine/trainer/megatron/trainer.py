@@ -104,6 +104,15 @@ def _is_expert(name: str) -> bool:
     return ".mlp.experts." in name
 
 
+def _tp_partial(name: str, sequence_parallel: bool) -> bool:
+    """Replicated over TP but each TP rank's gradient is partial: the q/k norms (they act on this
+    rank's heads only) and, with sequence parallelism, every norm and the MoE router (they see this
+    rank's tokens only)."""
+    if "q_layernorm" in name or "k_layernorm" in name:
+        return True
+    return sequence_parallel and ("layernorm" in name or ".router." in name)
+
+
 def _tp_sharded(name: str) -> bool:
     """Split over TP (vs replicated: norms, the router, the value head). By name, as
     :mod:`.hf_mapping` lays them out (the local spec leaves ``tensor_model_parallel`` unset
@@ -127,6 +136,7 @@ class MegatronTrainer(TorchTrainer):
         self.hf_config = hf.config
         self.shape = shape_of(hf.config)
         cfg.megatron.check(dist.get_world_size(), self.shape)
+        self.sequence_parallel = cfg.megatron.sequence_parallel and self.layout.tp > 1
         pad = getattr(hf.config, "pad_token_id", None)
         self.vocab_size = self.shape.vocab
         self.pad_id = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else 0
@@ -153,7 +163,9 @@ class MegatronTrainer(TorchTrainer):
             from miles_engine.trainer.megatron.replay import MegatronRoutingReplay
 
             offset = self.layout.layers(self.shape.layers).start
-            self.replay = MegatronRoutingReplay(self.policy, num_layers=self.shape.layers, layer_offset=offset)
+            split = (self.layout.tp, self.layout.tp_rank) if self.sequence_parallel else (1, 0)
+            self.replay = MegatronRoutingReplay(self.policy, num_layers=self.shape.layers, layer_offset=offset,
+                                                sequence_split=split)
         self.prefix_mode = self.ref_prefix_mode = None  # the shared-prefix forward needs a HF KV cache
         groups = [{"params": list(self.policy.parameters())}]
         if self.value_head is not None:
@@ -170,7 +182,8 @@ class MegatronTrainer(TorchTrainer):
     def _build(self, hf_state: dict[str, Tensor], hf_config: Any, *, frozen: bool = False) -> HFCausalLM:
         shape = shape_of(hf_config)
         m = self.config.megatron
-        gpt = build_gpt(hf_config, tp=m.tensor_parallel, pp=m.pipeline_parallel, ep=m.expert_parallel)
+        gpt = build_gpt(hf_config, tp=m.tensor_parallel, pp=m.pipeline_parallel, ep=m.expert_parallel,
+                        sp=m.sequence_parallel)
         self._load_params(gpt, hf_state, shape)
         lm = HFCausalLM(gpt, hf_config).to(self.device).eval()  # eval: no dropout, as the torch backend
         lm.requires_grad_(not frozen)
@@ -228,7 +241,7 @@ class MegatronTrainer(TorchTrainer):
                           keys: Any = ()) -> dict[str, Tensor]:
         from miles_engine.trainer.megatron import pipeline
 
-        return pipeline.run_micro_batches(self, batch, plan, fn, grad=grad, keys=keys)
+        return pipeline.run_micro_batches(self, batch, plan, fn, dummy, grad=grad, keys=keys)
 
     def train_minibatches(self, minibatches: Any) -> dict[str, float]:
         from miles_engine.trainer.megatron.pipeline import last_stage_metrics
@@ -246,18 +259,20 @@ class MegatronTrainer(TorchTrainer):
 
         names = self._param_names()
         tp_group = ps.get_tensor_model_parallel_group()
-        if dist.get_world_size(tp_group) > 1:  # q/k norms act on this rank's heads only: partial grads
-            for p in params:                    # (as megatron-core's finalize_model_grads sums them)
+        if dist.get_world_size(tp_group) > 1:  # replicated weights that saw part of the work: partial
+            for p in params:                    # grads, summed (as megatron-core's finalize_model_grads)
                 name = names.get(p, "")
-                if p.grad is not None and ("q_layernorm" in name or "k_layernorm" in name):
+                if p.grad is not None and _tp_partial(name, self.sequence_parallel):
                     dist.all_reduce(p.grad, group=tp_group)
-            # Without sequence parallelism every TP rank holds the same tokens, and the MoE dispatcher
-            # gathers them over TP: each expert shard sees every copy, so its gradient is TP times the
-            # true one (the loss is replicated over TP) - average it.
-            tp = dist.get_world_size(tp_group)
+        # The MoE dispatcher gathers tokens over TP x EP, so an expert's gradient already sums the
+        # losses of its EP peers (other data-parallel ranks) and of its TP peers (the same tokens: no
+        # sequence parallelism): TP x EP times the true share before the expert-data-parallel mean.
+        tp_copies = 1 if self.sequence_parallel else dist.get_world_size(tp_group)  # SP: distinct tokens
+        copies = tp_copies * ps.get_expert_model_parallel_world_size()
+        if copies > 1:
             for p in params:
                 if p.grad is not None and _is_expert(names.get(p, "")):
-                    p.grad.div_(tp)
+                    p.grad.div_(copies)
         for expert, group in ((False, ps.get_data_parallel_group()), (True, ps.get_expert_data_parallel_group())):
             size = dist.get_world_size(group)
             if size == 1:
