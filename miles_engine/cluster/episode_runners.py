@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from miles_engine.errors import MilesError
+from miles_engine.train.episodes import finish_trajectory
 
 log = logging.getLogger(__name__)
 
@@ -199,14 +200,7 @@ class RayEpisodeRunners:
                           f"(placement.ray.episode_retries={self.retries}): {'; '.join(deaths)}")
 
     async def _finish(self, traj: Any, task_id: str) -> Any:
-        if self.after is not None and traj.status == "ok":
-            await self.after(traj)
-        if traj.status != "ok" and traj.error:
-            kind = traj.error.split(":", 2)[-1].strip()[:200]
-            if kind not in self._seen_errors and len(self._seen_errors) < 100:  # each distinct error once
-                self._seen_errors.add(kind)
-                log.warning("episode of task %s ended %s: %s", task_id, traj.status, traj.error[:1000])
-        return traj
+        return await finish_trajectory(traj, task_id, self.after, self._seen_errors)
 
     def metrics(self) -> dict[str, float]:
         out = {"runners/live": float(len(self.slots)),

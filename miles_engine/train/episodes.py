@@ -98,11 +98,16 @@ class EpisodeTrajectories:
         result = await run_episode(task, self.make_agent(), self.backend, reward=self.reward)
         traj = to_trajectory(task, result)
         traj.index = attempt
-        if self.after is not None and traj.status == "ok":
-            await self.after(traj)
-        if traj.status != "ok" and traj.error:
-            kind = traj.error.split(":", 2)[-1].strip()[:200]
-            if kind not in self._seen_errors and len(self._seen_errors) < 100:  # each distinct error once
-                self._seen_errors.add(kind)
-                log.warning("episode of task %s ended %s: %s", task.id, traj.status, traj.error[:1000])
-        return traj
+        return await finish_trajectory(traj, task.id, self.after, self._seen_errors)
+
+
+async def finish_trajectory(traj: Trajectory, task_id: str, after: Any, seen_errors: set[str]) -> Trajectory:
+    """The post-episode step on an ok trajectory; a failed one's error logged (each distinct error once)."""
+    if after is not None and traj.status == "ok":
+        await after(traj)
+    if traj.status != "ok" and traj.error:
+        kind = traj.error.split(":", 2)[-1].strip()[:200]
+        if kind not in seen_errors and len(seen_errors) < 100:
+            seen_errors.add(kind)
+            log.warning("episode of task %s ended %s: %s", task_id, traj.status, traj.error[:1000])
+    return traj

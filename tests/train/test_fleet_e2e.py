@@ -30,7 +30,7 @@ from tests.train.fleet_helpers import assert_accounted, assert_learns, resume_wi
 def test_two_server_engines_learn(warm_run: Path, tmp_path: Path, transport: str) -> None:
     """Also evaluation in dedicated mode on a `server` engine of its own (issue 18): every 10 steps
     it gets a snapshot by broadcast and evaluates 32 held-out drills while training goes on; the
-    held-out reward rises (paired difference, step 31 - step 1, 95% interval above 0)."""
+    held-out reward rises (paired difference, step 30 - step 1, 95% interval above 0)."""
     run = resume_with(warm_run, tmp_path / "run", [f"weights.transport={transport}", "eval.every=10",
                                                    "eval.mode=dedicated", "eval.engine.kind=server",
                                                    "eval.limit=32", "eval.attempts=4"])
@@ -45,7 +45,7 @@ def assert_dedicated_eval(run: Path, train: list[dict]) -> None:
     from miles_engine.evaluation.runner import per_task_values, read_records
 
     evals = {r["step"]: r for r in metric_rows(run, "eval")}
-    assert sorted(evals) == [1, 11, 21, 31]  # the resumed step (eval.at_start), then every 10
+    assert sorted(evals) == [1, 10, 20, 30]  # the resumed step (eval.at_start), then the multiples of 10
     versions = {r["step"]: int(r["weights/version"]) for r in metric_rows(run)}
     records = {}
     for step, row in evals.items():
@@ -57,7 +57,7 @@ def assert_dedicated_eval(run: Path, train: list[dict]) -> None:
                for g in json.loads(line)["groups"]}
     assert len(held_out) == 32 and not held_out & trained
     assert (run / "eval" / "engines" / "eval-0").is_dir()  # the eval engine process's own state
-    diff = stats.paired_difference(per_task_values(records[31]), per_task_values(records[1]))
+    diff = stats.paired_difference(per_task_values(records[30]), per_task_values(records[1]))
     assert diff.low > 0, (diff, {s: round(evals[s]["eval/reward"], 3) for s in evals})
 
 
@@ -93,6 +93,11 @@ def test_sigkill_of_an_engine_process_mid_run(warm_run: Path, tmp_path: Path) ->
     assert _engine_pid(run, "server-0") is None  # nothing left running after the run
     assert_accounted(run, train)
     # after the restart the engine got the current weights: every later push was checked tensor by tensor
+    # (the replacement process may take a few steps to start on a loaded box: from its first push on,
+    # every push reached both engines and was checked)
     after = [r for r in train if r["engines/server-0/restarts"] >= 1]
-    assert after and all(r["weights/tensors_checked"] > 0 and r["weights/engines"] == 2 for r in after[1:])
-    assert sum(r["engines/server-0/requests"] for r in after) > 0  # it served again
+    assert after and all(r["weights/tensors_checked"] > 0 for r in after)
+    back = next((i for i, r in enumerate(after) if r["weights/engines"] == 2), None)
+    assert back is not None, "the restarted engine never received a push"
+    assert all(r["weights/engines"] == 2 for r in after[back:])
+    assert sum(r["engines/server-0/requests"] for r in after[back:]) > 0  # it served again
