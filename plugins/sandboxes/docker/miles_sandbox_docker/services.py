@@ -22,6 +22,7 @@ from miles_engine.sandbox.compose import start_order
 from miles_engine.sandbox.protocol import SandboxSpec, ServiceSpec, VolumeMount
 from miles_engine.sandbox.remote import TransientError
 
+from miles_sandbox_docker import podman_net
 from miles_sandbox_docker.cli import NoSuchContainer, classify
 
 if TYPE_CHECKING:
@@ -40,6 +41,9 @@ async def create_network(be: DockerSandboxBackend, sb: DockerSandbox, labels: di
         args += ["--internal"]
         if be.cli.engine_name() == "docker":
             args += ["--opt", "com.docker.network.bridge.inhibit_ipv4=true"]
+        elif not be.podman_firewall_checked:  # podman keeps a gateway address: see podman_net
+            await asyncio.to_thread(podman_net.refuse_unless_ready, [s.name for s in sb.spec.services])
+            be.podman_firewall_checked = True
     for key, value in labels.items():
         args += ["--label", f"{key}={value}"]
     await be.cli.run([*args, name], what=f"create network of sandbox {sb.id}")

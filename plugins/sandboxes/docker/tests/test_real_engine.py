@@ -270,7 +270,7 @@ def test_sidecar_on_an_internal_network_healthy_first_and_removed_after():
     host_ip = probe.getsockname()[0]
     probe.close()
     listener = socket.socket()
-    listener.bind((host_ip, 0))
+    listener.bind(("0.0.0.0", 0))  # every host address, the network's gateway (if it has one) too
     listener.listen(8)
     listener.setblocking(False)
     port = listener.getsockname()[1]
@@ -279,7 +279,12 @@ def test_sidecar_on_an_internal_network_healthy_first_and_removed_after():
         async with await be.create(SandboxSpec(services=(server,))) as sb:
             got = await sb.exec("python3 -c \"import urllib.request; print(urllib.request.urlopen("
                                 "'http://server:8000/hostname', timeout=10).read().decode().strip())\"", timeout_s=30)
-            out = await sb.exec(f"timeout 5 bash -c 'exec 3<>/dev/tcp/{host_ip}/{port}' && echo OPEN", timeout_s=30)
+            info = json.loads(subprocess.run([ENGINE, "network", "inspect", sb.network], capture_output=True,
+                                             text=True, timeout=60, check=True).stdout)[0]
+            gateways = [c.get("Gateway") for c in (info.get("IPAM") or {}).get("Config") or []]  # docker
+            gateways += [c.get("gateway") for c in info.get("subnets") or []]  # podman
+            out = await sb.exec("; ".join(f"timeout 5 bash -c 'exec 3<>/dev/tcp/{ip}/{port}' && echo OPEN {ip}"
+                                          for ip in [host_ip, *filter(None, gateways)]), timeout_s=60)
             return got, out, sb.network
 
     got, out, network = run(go())
