@@ -7,6 +7,10 @@
 #   scripts/container_engine.sh env      print that environment (engine already started)
 #   scripts/container_engine.sh stop     stop the daemon this script started (containers go with it)
 #   scripts/container_engine.sh status   say whether it runs
+#   scripts/container_engine.sh podman-sidecars [remove]
+#                                        let containers of one podman network reach each other where
+#                                        the host's FORWARD policy is DROP (dockerd sets it): one rule,
+#                                        bridged frames inside podman bridges only (see below)
 #
 # Idempotent: start on a running engine only prints the environment; the base image is built
 # once (debootstrap --variant=minbase bookworm, ~1 min) and kept in the data root.
@@ -97,6 +101,48 @@ print_env() {
   echo "export MILES_DOCKER_IMAGE_MAP=$map"
 }
 
+# Podman's --internal networks get no accept rule from netavark, so where dockerd has set the
+# FORWARD policy to DROP (with bridge-nf-call-iptables=1 bridged frames pass through FORWARD) two
+# containers of one such network cannot reach each other: a sandbox's sidecars are unreachable.
+# PODMAN_RULE accepts only frames *bridged* between two ports of one podman bridge (physdev
+# --physdev-is-bridged: never routed traffic, so nothing to or from the outside network and
+# nothing between two networks). It goes into DOCKER-USER (dockerd's chain for admin rules,
+# kept across dockerd restarts) when there is one, else into FORWARD.
+# An internal podman network still gives its bridge a host address (the gateway, where
+# aardvark-dns answers), so a container on it could open connections to any host service
+# listening on all addresses. The MILES-PODMAN-INPUT chain (jumped to from INPUT for podman
+# bridges) lets DNS through and drops every other new connection to the host.
+PODMAN_RULE=(-i podman+ -o podman+ -m physdev --physdev-is-bridged -m comment --comment "miles: podman intra-network" -j ACCEPT)
+GUARD=MILES-PODMAN-INPUT
+GUARD_JUMP=(-i podman+ -m comment --comment "miles: podman host guard" -j "$GUARD")
+
+podman_sidecars() {
+  local chain=FORWARD
+  iptables -S DOCKER-USER >/dev/null 2>&1 && chain=DOCKER-USER
+  if [ "${1:-}" = remove ]; then
+    local c
+    for c in DOCKER-USER FORWARD; do
+      while iptables -C "$c" "${PODMAN_RULE[@]}" 2>/dev/null; do iptables -D "$c" "${PODMAN_RULE[@]}"; done
+    done
+    while iptables -C INPUT "${GUARD_JUMP[@]}" 2>/dev/null; do iptables -D INPUT "${GUARD_JUMP[@]}"; done
+    iptables -F "$GUARD" 2>/dev/null && iptables -X "$GUARD"
+    say "removed the podman intra-network rule and host guard"
+    return 0
+  fi
+  if ! iptables -S "$GUARD" >/dev/null 2>&1; then
+    iptables -N "$GUARD" && iptables -A "$GUARD" -p udp --dport 53 -j RETURN \
+      && iptables -A "$GUARD" -p tcp --dport 53 -j RETURN \
+      && iptables -A "$GUARD" -m conntrack --ctstate NEW -j DROP \
+      || { say "iptables refused the host guard (root? conntrack match?)"; return 1; }
+  fi
+  iptables -C INPUT "${GUARD_JUMP[@]}" 2>/dev/null || iptables -I INPUT 1 "${GUARD_JUMP[@]}" \
+    || { say "iptables refused the host guard jump"; return 1; }
+  if ! iptables -C "$chain" "${PODMAN_RULE[@]}" 2>/dev/null; then
+    iptables -I "$chain" 1 "${PODMAN_RULE[@]}" || { say "iptables refused the rule (root? physdev match?)"; return 1; }
+  fi
+  say "podman: intra-network rule in $chain, host guard $GUARD on INPUT"
+}
+
 case "${1:-}" in
   start)
     install_packages
@@ -119,9 +165,12 @@ case "${1:-}" in
     fi
     rm -f "$PIDFILE" "$SOCK"
     ;;
+  podman-sidecars)
+    podman_sidecars "${2:-}"
+    ;;
   status)
     if running; then echo "running: unix://$SOCK"; else echo "stopped"; exit 1; fi
     ;;
   *)
-    echo "usage: $0 start|env|stop|status" >&2; exit 2 ;;
+    echo "usage: $0 start|env|stop|status|podman-sidecars [remove]" >&2; exit 2 ;;
 esac

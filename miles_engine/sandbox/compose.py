@@ -13,7 +13,9 @@ waits for. ``volumes``: named volumes (one per sandbox, shared by the containers
 the name), anonymous ones, and binds of directories inside the compose file's own directory
 (the task's); a bind of any other host path is refused (a task must not reach the host). The
 agent's binds are host-side log mounts in both benchmarks and are left out (the sandbox has its
-own /logs). Ports and per-service resources are not carried over.
+own /logs). Per-service limits (``cpus``, ``mem_limit``, ``pids_limit``, ``deploy.resources.limits``)
+go onto the service's container, the agent's own onto ``main_limits``; ``ports`` / ``expose`` are
+checked and not published (see :mod:`miles_engine.sandbox.compose_limits`).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import yaml
 
 from miles_engine.errors import TaskFormatError
+from miles_engine.sandbox.compose_limits import ServiceLimits, check_ports, service_limits
 from miles_engine.sandbox.protocol import BuildContext, ServiceSpec, VolumeMount
 
 _VAR = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}|\$([A-Za-z_][A-Za-z0-9_]*)")
@@ -94,6 +97,7 @@ class ComposeServices:
 
     sidecars: tuple[ServiceSpec, ...]
     main_volumes: tuple[VolumeMount, ...]
+    main_limits: ServiceLimits  # what the agent's service asks (the task's own config wins)
 
 
 def depends_on(raw: Any, where: str) -> dict[str, str]:
@@ -220,6 +224,8 @@ def load_services(path: Path, *, main: str, variables: Mapping[str, str] | None 
     main_waits = depends_on(main_raw.get("depends_on"), f"{path} services.{main}")
     main_volumes = volumes(main_raw.get("volumes"), variables, f"{path} services.{main}", base=path.parent,
                            binds=False, strict=strict)
+    main_limits = service_limits(main_raw, f"{path} services.{main}")
+    check_ports(main_raw, f"{path} services.{main}", path=path, service=main, main=True)
     out = []
     for name, raw in services.items():
         if name == main:
@@ -239,6 +245,8 @@ def load_services(path: Path, *, main: str, variables: Mapping[str, str] | None 
             build, image = BuildContext(context_dir=context, dockerfile=dockerfile), None
         elif not image:
             raise TaskFormatError(f"{where}: needs 'build' or 'image'")
+        limits = service_limits(raw, where)
+        check_ports(raw, where, path=path, service=str(name))
         health = raw.get("healthcheck") or {}
         test = health.get("test") if isinstance(health, dict) else None
         out.append(ServiceSpec(
@@ -252,9 +260,11 @@ def load_services(path: Path, *, main: str, variables: Mapping[str, str] | None 
             volumes=volumes(raw.get("volumes"), variables, where, base=path.parent, binds=True, strict=strict),
             depends_on={k: v for k, v in depends_on(raw.get("depends_on"), where).items() if k != main},
             main_waits_for=main_waits.get(str(name)),
+            resources=limits.resources,
+            pids_limit=limits.pids_limit,
         ))
     unknown = sorted(set(main_waits) - {s.name for s in out})
     if unknown:
         raise TaskFormatError(f"{path} services.{main}.depends_on: no service {', '.join(map(repr, unknown))}")
     _check_order(out, path)
-    return ComposeServices(tuple(out), main_volumes)
+    return ComposeServices(tuple(out), main_volumes, main_limits)

@@ -109,6 +109,8 @@ class ServiceSpec(_Model):
     # what the agent's container waits for; None: completed when another service waits for its
     # completion, else healthy when it has a healthcheck, else started
     main_waits_for: ServiceCondition | None = None
+    resources: Resources = Field(default_factory=Resources)  # its cpus / memory_mb limits (compose)
+    pids_limit: int | None = Field(None, gt=0)  # at most the backend's own pids limit
 
 
 class SandboxSpec(_Model):
@@ -258,6 +260,11 @@ def unmet_needs(spec: SandboxSpec, caps: Capabilities) -> list[str]:
         needs.append(f"{spec.resources.cpus} CPUs (max {caps.max_cpus})")
     if caps.max_memory_mb and spec.resources.memory_mb and spec.resources.memory_mb > caps.max_memory_mb:
         needs.append(f"{spec.resources.memory_mb} MB memory (max {caps.max_memory_mb})")
+    for sv in spec.services:
+        if caps.max_cpus and sv.resources.cpus and sv.resources.cpus > caps.max_cpus:
+            needs.append(f"{sv.resources.cpus} CPUs for service '{sv.name}' (max {caps.max_cpus})")
+        if caps.max_memory_mb and sv.resources.memory_mb and sv.resources.memory_mb > caps.max_memory_mb:
+            needs.append(f"{sv.resources.memory_mb} MB memory for service '{sv.name}' (max {caps.max_memory_mb})")
     return needs
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from miles_engine.errors import TaskFormatError
@@ -108,3 +110,83 @@ def test_compose_order_and_volume_errors(tmp_path, change, error):
     path.write_text(ORDERED.replace(old, new))
     with pytest.raises(TaskFormatError, match=error):
         load_services(path, main="main")
+
+
+LIMITED = """\
+services:
+  main:
+    cpus: 1.5
+    mem_limit: 1g
+    ports: ["8080:80"]
+  db:
+    image: postgres:16
+    cpus: "0.5"
+    mem_limit: 256m
+    pids_limit: 64
+    ports: ["127.0.0.1:5432:5432/tcp", {target: 5433, published: 15433}]
+    expose: ["9000", 9001]
+  cache:
+    image: redis:7
+    deploy: {resources: {limits: {cpus: '0.25', memory: 50M, pids: 32}, reservations: {memory: 10M}}}
+  plain:
+    image: busybox
+"""
+
+
+def test_limits_and_ports(tmp_path, caplog):
+    from miles_engine.sandbox.compose import load_services
+    from miles_engine.sandbox.protocol import Resources
+
+    path = tmp_path / "docker-compose.yaml"
+    path.write_text(LIMITED)
+    with caplog.at_level("INFO", logger="miles_engine.sandbox.compose_limits"):
+        loaded = load_services(path, main="main")
+    db, cache, plain = loaded.sidecars
+    assert (db.resources, db.pids_limit) == (Resources(cpus=0.5, memory_mb=256), 64)
+    assert (cache.resources, cache.pids_limit) == (Resources(cpus=0.25, memory_mb=50), 32)
+    assert (plain.resources, plain.pids_limit) == (Resources(), None)
+    assert loaded.main_limits.resources == Resources(cpus=1.5, memory_mb=1024)
+    said = caplog.text
+    assert "services.db: ports 5432, 5433 not published on the host" in said and "(db:5432, db:5433)" in said
+    assert "services.main: ports 80 not published on the host" in said
+
+
+@pytest.mark.parametrize("change, error", [
+    (('cpus: "0.5"', "cpus: lots"), r"services\.db\.cpus: 'lots' is not a positive number of CPUs"),
+    (('cpus: "0.5"', "cpus: 0"), r"services\.db\.cpus: 0 is not a positive number"),
+    (("mem_limit: 256m", "mem_limit: 256 parsecs"), r"services\.db\.mem_limit: '256 parsecs' is not a size"),
+    (("mem_limit: 256m", "mem_limit: 1k"), r"services\.db\.mem_limit: '1k' is below the engine's minimum"),
+    (("pids_limit: 64", "pids_limit: many"), r"services\.db\.pids_limit: 'many' is not a whole number"),
+    (("memory: 50M", "memory: 1x"), r"services\.cache\.deploy\.resources\.limits\.memory: '1x' is not a size"),
+    (('pids_limit: 64', "pids_limit: 64\n    deploy: {resources: {limits: {pids: 65}}}"),
+     r"services\.db: 'pids_limit' \(64\) and 'deploy\.resources\.limits\.pids' \(65\) differ"),
+    (("deploy: {resources: {limits:", "deploy: {resources: {limits: 2, x:"),
+     r"services\.cache\.deploy\.resources\.limits: must be a mapping"),
+    (('"127.0.0.1:5432:5432/tcp"', '"5432:huh"'),
+     r"services\.db\.ports\[0\]: '5432:huh' is not \[\[HOST_IP:\]HOST_PORT:\]CONTAINER_PORT\[/PROTOCOL\]"),
+    (('"127.0.0.1:5432:5432/tcp"', '"99999"'), r"services\.db\.ports\[0\]: port 99999 is out of range"),
+    (("target: 5433", "target: web"), r"services\.db\.ports\[1\]\.target: 'web' is not a container port"),
+    (('expose: ["9000", 9001]', "expose: 9000"), r"services\.db\.expose: must be a list"),
+    (('expose: ["9000", 9001]', 'expose: ["9000:9000"]'), r"services\.db\.expose\[0\]: '9000:9000' is not PORT"),
+])
+def test_limit_and_port_errors_name_service_key_and_file(tmp_path, change, error):
+    from miles_engine.sandbox.compose import load_services
+
+    path = tmp_path / "docker-compose.yaml"
+    old, new = change
+    assert old in LIMITED
+    path.write_text(LIMITED.replace(old, new, 1))
+    with pytest.raises(TaskFormatError, match=re.escape(str(path)) + " " + error):
+        load_services(path, main="main")
+
+
+def test_service_limits_over_the_backend_maximum_are_refused():
+    from miles_engine.errors import SandboxUnsupportedError
+    from miles_engine.sandbox.protocol import Capabilities, Resources, SandboxSpec, ServiceSpec, check_supported
+
+    spec = SandboxSpec(services=(ServiceSpec(name="db", image="x", resources=Resources(cpus=8, memory_mb=4096)),))
+    caps = Capabilities(isolation="container", images=True, absolute_paths=True, services=True, max_cpus=4,
+                        max_memory_mb=2048)
+    with pytest.raises(SandboxUnsupportedError, match=r"8.0 CPUs for service 'db' \(max 4.0\); "
+                                                       r"4096 MB memory for service 'db' \(max 2048\)"):
+        check_supported(spec, caps, backend="docker")

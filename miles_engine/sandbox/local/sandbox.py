@@ -18,6 +18,7 @@ from miles_engine.sandbox.local import (
     process,
     procscan,
     scratch,
+    teardown,
     uidpool,
     warm,
 )
@@ -175,48 +176,7 @@ class LocalSandbox:
             self.backend.park(self._hand_over())
             self.backend._forget(self)
             return
-        init = self._init
-        if self._channel is not None:
-            self._channel.close()
-        if init is not None:
-            # Killing the namespace's PID 1 makes the kernel kill everything inside; the
-            # launcher then reaps it and exits (so nothing is orphaned to the host init).
-            if self._pid1 and init.poll() is None:  # launcher alive: pid1 cannot have been recycled
-                procscan.kill_pids([self._pid1])
-            for pipe in (init.stdin, init.stdout):
-                if pipe is not None:
-                    pipe.close()
-            await process.reap_popen(init, 3.0)
-        if self.namespaced and init is not None and init.returncode is not None and not procscan.pid_alive(self._pid1):
-            # PID 1 of the sandbox's PID namespace is gone, so the kernel has killed everything
-            # in it, and nothing of the sandbox runs outside it: no /proc scan needed.
-            self.closed_leftovers = []
-        else:
-            self.closed_leftovers = await asyncio.to_thread(
-                procscan.reap_all,
-                uid=self.uid,
-                sandbox_id=self.id,
-                extra_pids=[init.pid] if init is not None and init.returncode is None else [],
-            )
-        if init is not None and init.returncode is None:
-            await process.reap_popen(init, 5.0)
-        try:
-            if self.scratch and os.path.isdir(self.scratch):
-                if self.opts.keep_scratch:  # hand it to root so the stale-scratch sweep leaves it alone
-                    if self.ids:
-                        os.chown(self.scratch, os.geteuid(), os.getegid())
-                else:
-                    trash = scratch.discard(self.scratch)  # fast rename; the slow delete runs in the background
-                    self.backend._purge(trash)
-        except OSError:
-            await asyncio.to_thread(scratch.remove_scratch, self.scratch)
-        finally:
-            if self._scratch_lock is not None:  # only now: an unheld scratch dir counts as stale
-                os.close(self._scratch_lock)
-                self._scratch_lock = None
-            if self.lease is not None:
-                self.lease.release(clean=not self.closed_leftovers)
-        self.backend._forget(self)
+        await teardown.destroy(self)
 
     # ---------------------------------------------------------------- warm reuse
     @property

@@ -6,7 +6,7 @@ import asyncio
 import json
 
 import pytest
-from harbor_testkit import DEFAULT_SCRIPTS, FakeFactory, FakeSandbox, make_task
+from harbor_testkit import DEFAULT_SCRIPTS, DEFAULT_TOML, FakeFactory, FakeSandbox, make_task
 
 from miles_engine.environments.protocol import EpisodeContext, NoReferenceSolution
 from miles_engine.errors import SandboxUnsupportedError
@@ -106,6 +106,20 @@ def test_compose_only_environment_is_refused(tmp_path):
     task = load_harbor_task(make_task(tmp_path, files={"environment/docker-compose.yaml": "services: {}\n"}))
     with pytest.raises(SandboxUnsupportedError, match="Docker Compose"):
         task.sandbox_spec()
+
+
+def test_compose_limits_go_to_sidecars_and_fill_in_mains_unset_resources(tmp_path):
+    from miles_engine.sandbox.protocol import Resources
+
+    overlay = ("services:\n  main:\n    cpus: 3\n    mem_limit: 2g\n    ports: ['8080:80']\n"
+               "  db:\n    image: postgres:16\n    mem_limit: 128m\n    pids_limit: 40\n")
+    toml = DEFAULT_TOML + "\n[environment]\ncpus = 2\n"
+    task = load_harbor_task(make_task(tmp_path, toml=toml, files={
+        "environment/Dockerfile": "FROM ubuntu:24.04\n", "environment/docker-compose.yaml": overlay}))
+    spec = task.sandbox_spec()
+    assert (spec.resources.cpus, spec.resources.memory_mb) == (2, 2048)  # task.toml's cpus win; compose fills memory
+    (db,) = spec.services
+    assert (db.resources, db.pids_limit) == (Resources(memory_mb=128), 40)
 
 
 # -- setup and the reference solution --------------------------------------------------------

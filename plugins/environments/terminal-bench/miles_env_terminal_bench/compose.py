@@ -2,7 +2,7 @@
 
 terminal-bench starts the file with ``docker compose`` after filling the ``T_BENCH_*``
 variables; what the client service says (its build context and Dockerfile, or its image, its
-environment and working directory) becomes the task's :class:`SandboxSpec`. The variables are
+environment and working directory, its cpus and memory limits) becomes the task's :class:`SandboxSpec`. The variables are
 filled as terminal-bench fills them for the paths inside the container; the client's binds of
 host-side log paths have no equivalent here and are ignored (its named volumes are kept). The other services become sidecars
 (:class:`ServiceSpec`: image or build, environment, command, healthcheck), reachable by name

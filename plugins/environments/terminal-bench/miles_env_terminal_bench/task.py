@@ -25,7 +25,7 @@ import yaml
 from miles_engine.environments.base import SandboxTask
 from miles_engine.environments.protocol import EpisodeContext, Message, NoReferenceSolution, RewardResult, TaskLimits
 from miles_engine.errors import SandboxUnsupportedError, TaskFormatError
-from miles_engine.sandbox.protocol import BuildContext, NetworkPolicy, SandboxSpec
+from miles_engine.sandbox.protocol import BuildContext, NetworkPolicy, Resources, SandboxSpec
 
 from miles_env_terminal_bench.compose import load_client, load_services
 from miles_env_terminal_bench.config import TBTaskConfig, load_solution_yaml, load_task_yaml
@@ -83,6 +83,7 @@ class TerminalBenchTask(SandboxTask):
 
     def sandbox_spec(self) -> SandboxSpec:
         build, image, env, workdir, sidecars, volumes = None, None, {}, "/app", (), ()
+        resources = Resources()
         if not self.ignore_dockerfile:
             compose = self.task_dir / "docker-compose.yaml"
             if compose.is_file():
@@ -92,6 +93,7 @@ class TerminalBenchTask(SandboxTask):
                 image, env, workdir = client.image, client.env, client.workdir or workdir
                 loaded = load_services(compose, self.id)
                 sidecars, volumes = loaded.sidecars, loaded.main_volumes
+                resources = loaded.main_limits.resources  # the client's cpus / mem_limit
             elif (self.task_dir / "Dockerfile").is_file():
                 build = BuildContext(context_dir=self.task_dir)
         return SandboxSpec(
@@ -101,6 +103,7 @@ class TerminalBenchTask(SandboxTask):
             paths=TASK_PATHS if workdir in TASK_PATHS else (*TASK_PATHS, workdir),
             env=env,
             network=NetworkPolicy(mode=self.network),
+            resources=resources,
             labels={"miles.source": str(self.metadata["source"]), "miles.task": self.id},
             services=sidecars,
             volumes=volumes,

@@ -52,3 +52,11 @@ def test_bad_client_services_are_named(tmp_path):
         task = load_tb_task(make_tb_task(tmp_path, name, files={"docker-compose.yaml": compose}))
         with pytest.raises((TaskFormatError, SandboxUnsupportedError), match=pattern):
             task.sandbox_spec()
+
+
+def test_client_limits_become_the_sandboxs_resources(tmp_path):
+    compose = ("services:\n  client:\n    image: ubuntu:24.04\n    deploy: {resources: {limits: {cpus: '1.5', memory: 512M}}}\n"
+               "  api:\n    image: ubuntu:24.04\n    cpus: 0.5\n    ports: ['8000:8000']\n")
+    spec = load_tb_task(make_tb_task(tmp_path, files={"docker-compose.yaml": compose})).sandbox_spec()
+    assert (spec.resources.cpus, spec.resources.memory_mb) == (1.5, 512)
+    assert [(s.name, s.resources.cpus) for s in spec.services] == [("api", 0.5)]

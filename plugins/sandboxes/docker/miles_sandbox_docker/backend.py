@@ -54,6 +54,7 @@ class DockerSandboxBackend:
         self.limiter = Limiter(o.max_sandboxes, o.max_creates_per_s)
         self.metrics = StepMetrics()
         self._owner = owner_id()
+        self.podman_firewall_checked = False  # podman_net.refuse_unless_ready passed once
         self._orphans_swept: asyncio.Task[list[str]] | None = None
 
     def capabilities(self) -> Capabilities:

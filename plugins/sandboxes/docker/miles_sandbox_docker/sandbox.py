@@ -4,12 +4,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
-import signal
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,15 +15,9 @@ from miles_engine.sandbox.protocol import ExecResult, IsolationLevel, SandboxSpe
 from miles_engine.sandbox.remote import read_capped, retry_idempotent
 
 from miles_sandbox_docker import tarstream
+from miles_sandbox_docker.cgroup import HostProcess, container_pids, sigkill_tagged
 from miles_sandbox_docker.cli import NoSuchContainer, classify
 from miles_sandbox_docker.scripts import EXEC_ENV, EXEC_WRAPPER, KILL_TREE, START_MARK
-
-
-
-@dataclass(frozen=True)
-class HostProcess:
-    pid: int
-
 
 if TYPE_CHECKING:
     from miles_sandbox_docker.backend import DockerSandboxBackend
@@ -244,7 +235,7 @@ class DockerSandbox:
             return None
         found = False
         for _ in range(3):
-            if not await asyncio.to_thread(_sigkill_tagged, self.container_id, marker):
+            if not await asyncio.to_thread(sigkill_tagged, self.container_id, marker):
                 return found
             found = True
         what = f"freeze sandbox {self.id}"
@@ -253,7 +244,7 @@ class DockerSandbox:
         except SandboxError:
             paused = False  # it may still have paused: unpause below regardless
         try:
-            await asyncio.to_thread(_sigkill_tagged, self.container_id, marker)
+            await asyncio.to_thread(sigkill_tagged, self.container_id, marker)
         finally:
             await self._unpause(certain=paused)
         return True
@@ -374,45 +365,3 @@ async def _feed(proc: asyncio.subprocess.Process, data: bytes | None) -> None:
         pass  # the command did not read all of its input
     finally:
         proc.stdin.close()
-
-
-_CGROUP_GLOBS = ("/sys/fs/cgroup/pids/docker/{id}", "/sys/fs/cgroup/pids/*/docker-{id}.scope",
-                 "/sys/fs/cgroup/system.slice/docker-{id}.scope", "/sys/fs/cgroup/docker/{id}",
-                 "/sys/fs/cgroup/pids/machine.slice/libpod-{id}.scope", "/sys/fs/cgroup/machine.slice/libpod-{id}.scope")
-
-
-def container_pids(container_id: str, strict: bool = False) -> list[int]:
-    """Host pids in the container's cgroup: its cgroup.procs when found (cheap), else a /proc
-    scan (``strict``: an empty list when no cgroup directory is found)."""
-    import glob
-
-    for pattern in _CGROUP_GLOBS:
-        for d in glob.glob(pattern.format(id=container_id)):
-            try:
-                return [int(x) for x in Path(d, "cgroup.procs").read_text().split()]
-            except OSError:
-                continue
-    found: list[int] = []
-    if strict:
-        return found
-    for d in Path("/proc").glob("[0-9]*"):
-        try:
-            if container_id in (d / "cgroup").read_text():
-                found.append(int(d.name))
-        except OSError:
-            continue
-    return found
-
-
-def _sigkill_tagged(container_id: str, marker: bytes) -> int:
-    """SIGKILL the host processes in ``container_id``'s cgroup whose environment has
-    ``marker``; return how many were found."""
-    found = 0
-    for pid in container_pids(container_id):
-        try:
-            if marker in Path(f"/proc/{pid}/environ").read_bytes():
-                os.kill(pid, signal.SIGKILL)
-                found += 1
-        except OSError:
-            continue
-    return found

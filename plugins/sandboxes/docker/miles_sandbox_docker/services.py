@@ -7,7 +7,8 @@ reachable, the internet and the host are not), each
 service a container on it reachable by its name, started and healthy (its healthcheck exits
 0) before the sandbox is handed out; ``depends_on`` orders the services (started / healthy /
 completed successfully). Network and containers carry the run, sandbox and owner
-labels, and go with the sandbox (``close``, ``sweep``, the orphan sweep).
+labels, and go with the sandbox (``close``, ``sweep``, the orphan sweep). Each service container
+gets its compose limits (cpus, memory, pids) and publishes no port on the host.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from miles_engine.sandbox.compose import start_order
 from miles_engine.sandbox.protocol import SandboxSpec, ServiceSpec, VolumeMount
 from miles_engine.sandbox.remote import TransientError
 
+from miles_sandbox_docker import podman_net
 from miles_sandbox_docker.cli import NoSuchContainer, classify
 
 if TYPE_CHECKING:
@@ -39,6 +41,9 @@ async def create_network(be: DockerSandboxBackend, sb: DockerSandbox, labels: di
         args += ["--internal"]
         if be.cli.engine_name() == "docker":
             args += ["--opt", "com.docker.network.bridge.inhibit_ipv4=true"]
+        elif not be.podman_firewall_checked:  # podman keeps a gateway address: see podman_net
+            await asyncio.to_thread(podman_net.refuse_unless_ready, [s.name for s in sb.spec.services])
+            be.podman_firewall_checked = True
     for key, value in labels.items():
         args += ["--label", f"{key}={value}"]
     await be.cli.run([*args, name], what=f"create network of sandbox {sb.id}")
@@ -135,12 +140,27 @@ async def run_service(be: DockerSandboxBackend, sb: DockerSandbox, svc: ServiceS
         args += ["--label", f"{key}={value}"]
     for key, value in svc.env.items():
         args += ["--env", f"{key}={value}"]
-    if be.options.pids_limit:
-        args += ["--pids-limit", str(be.options.pids_limit)]
+    args += limit_args(be, svc)
     args += volume_args(sb.id, svc.volumes)
     args += [image, *(svc.command or ())]
     sb.service_containers.append(container)
     await be.cli.run(args, what=f"start service '{svc.name}' of sandbox {sb.id}")
+
+
+def limit_args(be: DockerSandboxBackend, svc: ServiceSpec) -> list[str]:
+    """The service's compose limits: its cpus (else the backend's default), memory (swap
+    included) and pids, the last never above the backend's own pids limit."""
+    o, res = be.options, svc.resources
+    args: list[str] = []
+    cpus = res.cpus or o.default_cpus
+    if cpus:
+        args += ["--cpus", f"{cpus:g}"]
+    if res.memory_mb:
+        args += ["--memory", f"{res.memory_mb}m", "--memory-swap", f"{res.memory_mb}m"]
+    pids = min(p for p in (svc.pids_limit, o.pids_limit) if p) if svc.pids_limit or o.pids_limit else None
+    if pids:
+        args += ["--pids-limit", str(pids)]
+    return args
 
 
 async def wait_completed(be: DockerSandboxBackend, sb: DockerSandbox, svc: ServiceSpec) -> None:

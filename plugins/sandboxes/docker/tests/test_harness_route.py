@@ -17,18 +17,15 @@ import subprocess
 import pytest
 
 from miles_engine.sandbox.protocol import RUN_LABEL
-from miles_engine.tito.harness import default_harness_dir, harness_bin
+from miles_engine.tito.harness import default_harness_dir
 from miles_engine.tito.harness_check import check_harness
 from miles_sandbox_docker.options import DockerSandboxOptions
+from tests.tito.harness_kit import check_one_exact_session, custom_harness, require_harness_cli
 
 pytestmark = pytest.mark.timeout(400)
 
-# Inside the container: stdlib Python, chat completions with one bash tool; first it probes that
-# the host (its address and loopback ports) and the internet are out of reach.
-CUSTOM = r"""
-python3 - <<'EOF'
-import json, os, socket, subprocess, urllib.request
-base = os.environ["MILES_SESSION_URL"] + "/v1/chat/completions"
+# Inside the container, first: the host (its address and loopback ports) and the internet are out of reach.
+CUSTOM = custom_harness(r"""
 for name, host, port in [("host", os.environ["MILES_HOST_IP"], int(os.environ["MILES_HOST_PORT"])),
                          ("loopback", "127.0.0.1", int(os.environ["MILES_HOST_PORT"])),
                          ("internet", "1.1.1.1", 443)]:
@@ -37,23 +34,7 @@ for name, host, port in [("host", os.environ["MILES_HOST_IP"], int(os.environ["M
     except OSError:
         print("isolated", name)
 print("interfaces", " ".join(sorted(os.listdir("/sys/class/net"))))
-tool = {"type": "function", "function": {"name": "bash", "parameters": {"type": "object",
-        "properties": {"command": {"type": "string"}}}}}
-msgs = [{"role": "user", "content": os.environ["MILES_TASK_PROMPT"]}]
-for _ in range(4):
-    req = urllib.request.Request(base, json.dumps({"messages": msgs, "tools": [tool]}).encode(),
-                                 {"content-type": "application/json"})
-    msg = json.load(urllib.request.urlopen(req))["choices"][0]["message"]
-    msgs.append(msg)
-    if not msg.get("tool_calls"):
-        break
-    for call in msg["tool_calls"]:
-        cmd = json.loads(call["function"]["arguments"])["command"]
-        out = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True).stdout
-        msgs.append({"role": "tool", "tool_call_id": call["id"], "content": out})
-print(msgs[-1]["content"])
-EOF
-"""
+""")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -73,16 +54,6 @@ def _left_behind(run_id: str) -> tuple[list[str], list[str]]:
                               text=True, timeout=60, check=True).stdout.split()
 
     return ls("ps", "--all", "--quiet") + ls("network", "ls", "--quiet"), glob.glob("/tmp/miles-route-sbx-*")
-
-
-def _check(summary: dict) -> None:
-    assert summary["stop"] == "done", summary
-    assert summary["tool_ran"], summary  # the policy's tool call ran inside the container
-    assert summary["trajectories"] == 1 and summary["forks"] == 0
-    assert summary["turns"] == 2 and summary["generations"] == 2
-    assert summary["mismatch"]["non_assistant_text"] == 0
-    assert summary["mismatch"]["special_token_count"] == summary["mismatch"]["special_token_type"] == 0
-    assert summary["sampled_tokens"] == sum(t["completion_tokens"] for t in summary["per_turn"])
 
 
 def _host_ip() -> str:
@@ -108,7 +79,7 @@ def test_custom_harness_reaches_its_session_server_and_nothing_else():
             env={"MILES_HOST_IP": _host_ip(), "MILES_HOST_PORT": str(port)}))
         with pytest.raises(BlockingIOError):
             listener.accept()
-    _check(summary)
+    check_one_exact_session(summary)
     out = summary["stdout_tail"]
     for name in ("host", "loopback", "internet"):
         assert f"isolated {name}" in out and f"LEAK {name}" not in out, out
@@ -121,12 +92,10 @@ def test_custom_harness_reaches_its_session_server_and_nothing_else():
 @pytest.mark.slow
 @pytest.mark.parametrize("preset,binary", [("codex", "codex"), ("claude-code", "claude")])
 def test_real_cli_harness_in_a_container(preset, binary):
-    if harness_bin(binary) is None:
-        pytest.skip(f"{binary} not installed in {default_harness_dir()} (run scripts/install_harnesses.sh; "
-                    "needs node/npm and the npm registry)")
+    require_harness_cli(binary)
     run_id = "route-" + secrets.token_hex(3)
     [summary] = asyncio.run(check_harness(
         "", sessions=1, preset=preset, backend="docker", timeout_s=150,
         backend_options={"run_id": run_id, "ro_binds": {"/miles/harnesses": default_harness_dir()}}))
-    _check(summary)
+    check_one_exact_session(summary)
     assert _left_behind(run_id)[0] == []

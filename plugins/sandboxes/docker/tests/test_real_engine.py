@@ -270,7 +270,7 @@ def test_sidecar_on_an_internal_network_healthy_first_and_removed_after():
     host_ip = probe.getsockname()[0]
     probe.close()
     listener = socket.socket()
-    listener.bind((host_ip, 0))
+    listener.bind(("0.0.0.0", 0))  # every host address, the network's gateway (if it has one) too
     listener.listen(8)
     listener.setblocking(False)
     port = listener.getsockname()[1]
@@ -279,7 +279,12 @@ def test_sidecar_on_an_internal_network_healthy_first_and_removed_after():
         async with await be.create(SandboxSpec(services=(server,))) as sb:
             got = await sb.exec("python3 -c \"import urllib.request; print(urllib.request.urlopen("
                                 "'http://server:8000/hostname', timeout=10).read().decode().strip())\"", timeout_s=30)
-            out = await sb.exec(f"timeout 5 bash -c 'exec 3<>/dev/tcp/{host_ip}/{port}' && echo OPEN", timeout_s=30)
+            info = json.loads(subprocess.run([ENGINE, "network", "inspect", sb.network], capture_output=True,
+                                             text=True, timeout=60, check=True).stdout)[0]
+            gateways = [c.get("Gateway") for c in (info.get("IPAM") or {}).get("Config") or []]  # docker
+            gateways += [c.get("gateway") for c in info.get("subnets") or []]  # podman
+            out = await sb.exec("; ".join(f"timeout 5 bash -c 'exec 3<>/dev/tcp/{ip}/{port}' && echo OPEN {ip}"
+                                          for ip in [host_ip, *filter(None, gateways)]), timeout_s=60)
             return got, out, sb.network
 
     got, out, network = run(go())
@@ -361,3 +366,50 @@ def test_compose_depends_on_order_and_shared_volumes(tmp_path: Path):
     left = subprocess.run([ENGINE, "volume", "ls", "--quiet", "--filter", f"label={RUN_LABEL}={be.run_id}"],
                           capture_output=True, text=True, timeout=60, check=True).stdout.split()
     assert left == []
+
+
+COMPOSE_LIMITED = """\
+services:
+  client:
+    cpus: 1.5
+    mem_limit: 300m
+    ports: ["18080:8080"]
+  api:
+    image: ubuntu:24.04
+    command: ["python3", "-m", "http.server", "8000", "--directory", "/etc"]
+    ports: ["18000:8000"]
+    deploy: {resources: {limits: {cpus: '0.5', memory: 64M, pids: 50}}}
+    healthcheck: {test: ["CMD", "python3", "-c", "import urllib.request; urllib.request.urlopen('http://localhost:8000/hostname')"]}
+"""
+
+
+def test_compose_limits_applied_and_ports_not_published(tmp_path: Path):
+    from miles_engine.sandbox.compose import load_services
+
+    compose = tmp_path / "docker-compose.yaml"
+    compose.write_text(COMPOSE_LIMITED)
+    loaded = load_services(compose, main="client")
+    spec = SandboxSpec(services=loaded.sidecars, resources=loaded.main_limits.resources)
+    be = backend(pids_limit=200)
+
+    def inspect(container: str) -> dict:
+        res = subprocess.run([ENGINE, "container", "inspect", container], capture_output=True, text=True,
+                             timeout=60, check=True)
+        return json.loads(res.stdout)[0]
+
+    async def go():
+        async with await be.create(spec) as sb:
+            got = await sb.exec("python3 -c \"import urllib.request; print(urllib.request.urlopen("
+                                "'http://api:8000/hostname', timeout=10).read().decode().strip())\"", timeout_s=30)
+            return got, inspect(f"miles-{sb.id}-api"), inspect(sb.container)
+
+    got, api, client = run(go())
+    assert got.ok and got.stdout.strip() == "api", got  # reached by name on its own port
+    host = api["HostConfig"]
+    assert (host["NanoCpus"], host["Memory"], host["PidsLimit"]) == (500_000_000, 64 << 20, 50)
+    assert (client["HostConfig"]["NanoCpus"], client["HostConfig"]["Memory"]) == (1_500_000_000, 300 << 20)
+    assert client["HostConfig"]["PidsLimit"] == 200  # the backend's own limit
+    for info in (api, client):  # nothing published on the host
+        assert not info["HostConfig"].get("PortBindings")
+        assert not any((info["NetworkSettings"].get("Ports") or {}).values())
+    assert containers_of(be.run_id) == []
