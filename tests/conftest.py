@@ -1,14 +1,18 @@
-"""Shared fixtures: throwaway plugin distributions installed onto sys.path for one test."""
+"""Shared fixtures: throwaway plugin distributions installed onto sys.path for one test; the warm
+tiny-terminal run the end-to-end tests resume (built once per session, only when asked for)."""
 
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.train.fleet_helpers import make_warm_run
 
 
 class FakeDistributions:
@@ -44,3 +48,15 @@ def fake_dists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Fake
 def _clean_plugin_env(monkeypatch: pytest.MonkeyPatch) -> None:
     for var in ("MILES_DISABLE_PLUGIN_AUTOLOAD", "MILES_PLUGINS", "MILES_TRACE_PLUGINS"):
         monkeypatch.delenv(var, raising=False)
+
+
+@pytest.fixture(scope="session")
+def warm_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # MILES_TEST_WARM_RUN: a run directory made earlier by make_warm_run (same recipe, same code), so
+    # repeated runs of the slow e2e tests on a developer box skip the SFT warm start; tests copy it
+    prebuilt = os.environ.get("MILES_TEST_WARM_RUN")
+    if prebuilt:
+        path = Path(prebuilt)
+        assert (path / "checkpoints").is_dir(), f"MILES_TEST_WARM_RUN={prebuilt}: not a run directory with checkpoints"
+        return path
+    return make_warm_run(tmp_path_factory.mktemp("fleet"))

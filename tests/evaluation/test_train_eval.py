@@ -1,5 +1,5 @@
 """Evaluation during ``miles train tiny-terminal``: dedicated and external modes on a cheap run
-(no SFT, 2 groups a step), shared mode on the learning run (the recipe's warm start, 30 steps).
+(no SFT, 2 groups a step), shared mode on the learning run (the shared warm start, 30 more steps).
 
 Real pieces only: the embedded engines, the TITO session server, local sandboxes, a trainer
 process, checkpoints, a real subprocess for the external command.
@@ -8,6 +8,7 @@ process, checkpoints, a real subprocess for the external command.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from miles_engine.cli.main import cli
 from miles_engine.errors import ConfigError
 from miles_engine.evaluation import stats
 from miles_engine.evaluation.runner import per_task_values, read_records
+from tests.train.fleet_helpers import train_cli
 
 CHEAP = ["run.steps=4", "run.checkpoint_every=2", "run.max_minutes=null", "metrics.progress=false", "sft.enabled=false",
          "tokenizer.corpus_demos=300", "rollout.groups_per_step=2", "rollout.group_size=4", "rollout.max_inflight=8",
@@ -119,36 +121,42 @@ def test_external_command_runs_on_each_checkpoint(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_shared_eval_held_out_accuracy_rises_and_checkpoints_compare(tmp_path: Path) -> None:
-    """The recipe as shipped (its SFT warm start), 30 RL steps, held-out eval every 10 on the
-    training engines. The training reward rises 0.47-0.55 over these 30 steps (see the e2e test);
-    the held-out drills are the same distribution, so their reward must rise too: the paired
-    difference step 30 - step 0 over the 32 held-out tasks has its 95% interval above 0."""
-    run, rows = train(tmp_path, "shared", "run.steps=30", "run.max_minutes=null", "run.checkpoint_every=10",
-                      "run.checkpoint_keep=4", "metrics.progress=false", "eval.every=10", "eval.limit=32", "eval.attempts=4")
+def test_shared_eval_held_out_accuracy_rises_and_checkpoints_compare(warm_run: Path, tmp_path: Path) -> None:
+    """The recipe as shipped resumed from its warm start (the shared ``warm_run``: SFT + 1 RL step),
+    30 more RL steps, held-out eval at the resumed step and every 10 on the training engines. The
+    training reward rises 0.3-0.5 over these steps (see the e2e tests); the held-out drills are the
+    same distribution, so their reward must rise too: the paired difference step 30 - step 1 over
+    the 32 held-out tasks has its 95% interval above 0."""
+    run = tmp_path / "shared"
+    shutil.copytree(warm_run, run)
+    proc = train_cli(["--resume", str(run), "run.steps=31", "run.max_minutes=null", "run.checkpoint_every=10",
+                      "run.checkpoint_keep=5", "metrics.progress=false", "eval.every=10", "eval.limit=32",
+                      "eval.attempts=4"], timeout=800)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = eval_rows(rows)
-    assert sorted(evals) == [0, 10, 20, 30]
+    assert sorted(evals) == [1, 10, 20, 30]  # the resumed step (eval.at_start), then every 10
     versions = versions_by_step(rows)
     assert all(evals[s]["eval/lag_steps"] == 0 for s in evals)  # shared: training waits for the eval
     assert all(evals[s]["eval/weight_version"] == versions[s] for s in (10, 20, 30))
     assert all(evals[s]["eval/version_mismatched_attempts"] == 0 for s in evals)
-    check_no_group_lost(run, rows, 30, 8)
+    check_no_group_lost(run, rows, 31, 8)
     # fully_async: the groups generating when an eval starts are retracted and generated again after it
     # (eval.in_flight: auto); the last training row counts those of the evals at steps 10 and 20
-    retracted = [evals[s]["eval/retracted_groups"] for s in (0, 10, 20, 30)]
-    assert retracted[0] == 0  # step 0: the rollout has not started
+    retracted = [evals[s]["eval/retracted_groups"] for s in (1, 10, 20, 30)]
+    assert retracted[0] == 0  # the resumed step: the rollout has not started
     last_train = [r for r in rows if r["kind"] == "train"][-1]
     assert last_train.get("scheduler/groups_retracted", 0) == retracted[1] + retracted[2]
-    first, last = (read_records(run / "eval" / f"step_{s:06d}.jsonl") for s in (0, 30))
+    first, last = (read_records(run / "eval" / f"step_{s:06d}.jsonl") for s in (1, 30))
     diff = stats.paired_difference(per_task_values(last), per_task_values(first))
     assert diff.n == 32 and diff.low > 0, (diff, {s: round(evals[s]["eval/reward"], 3) for s in evals})
     assert evals[30]["eval/reward_ci_low"] <= evals[30]["eval/reward"] <= evals[30]["eval/reward_ci_high"]
     # "did training help" as one command: both checkpoints on the same held-out tasks
     ckpts = run / "checkpoints"
     result = CliRunner().invoke(cli, ["eval", str(run / "config.yaml"), "eval.limit=32", "eval.attempts=4",
-                                      "--checkpoint", str(ckpts / "step_00000000"), "--checkpoint",
+                                      "--checkpoint", str(ckpts / "step_00000001"), "--checkpoint",
                                       str(ckpts / "step_00000030"), "--json"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     report = json.loads(result.output[result.output.index("{"):])
-    assert [r["weight_version"] for r in report["runs"]] == [evals[0]["eval/weight_version"], versions[30]]
+    assert [r["weight_version"] for r in report["runs"]] == [evals[1]["eval/weight_version"], versions[30]]
     assert report["difference"]["reward"]["tasks"] == 32 and report["difference"]["reward"]["ci_low"] > 0
