@@ -1,6 +1,6 @@
 """The cost of Ray at one node (prints a table; not a test).
 
-    .venv/bin/python bench/ray_bench.py [--steps 12] [--repeats 2]
+    .venv/bin/python bench/ray_bench.py [--steps 12] [--repeats 2] [--warm RUN_DIR]
 
 tiny-terminal with 2 ``server`` engines and broadcast weights, resumed from one SFT warm start,
 with ``placement.backend=local`` (engines and the trainer rank as subprocesses) vs ``ray`` (the
@@ -53,15 +53,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--warm", type=Path, help="a warm run made earlier (tiny-terminal run.steps=1): skips the SFT")
     args = ap.parse_args()
     results: dict[str, dict[str, list[float]]] = {p: {"overhead": [], "sps": []} for p in PLACEMENTS}
     with tempfile.TemporaryDirectory(prefix="miles-ray-bench-") as tmp:
         base = Path(tmp)
-        _train(["tiny-terminal", "run.steps=1", "run.max_minutes=null", "metrics.progress=false",
-                f"run.out_dir={base}", "run.name=warm"])
+        warm = args.warm or base / "warm"
+        if args.warm is None:
+            _train(["tiny-terminal", "run.steps=1", "run.max_minutes=null", "metrics.progress=false",
+                    f"run.out_dir={base}", "run.name=warm"])
         for rep in range(args.repeats):
             for name, overrides in PLACEMENTS.items():
-                overhead, sps = one_run(base / "warm", base / f"{name}-{rep}", overrides, args.steps)
+                overhead, sps = one_run(warm, base / f"{name}-{rep}", overrides, args.steps)
                 results[name]["overhead"].append(overhead)
                 results[name]["sps"].append(sps)
                 shutil.rmtree(base / f"{name}-{rep}")

@@ -142,11 +142,11 @@ def test_shared_eval_held_out_accuracy_rises_and_checkpoints_compare(warm_run: P
     assert all(evals[s]["eval/version_mismatched_attempts"] == 0 for s in evals)
     check_no_group_lost(run, rows, 31, 8)
     # fully_async: the groups generating when an eval starts are retracted and generated again after it
-    # (eval.in_flight: auto); the last training row counts those of the evals at steps 10 and 20
+    # (eval.in_flight: auto); the last training row (step 31) counts those of the evals at steps 10, 20 and 30
     retracted = [evals[s]["eval/retracted_groups"] for s in (1, 10, 20, 30)]
     assert retracted[0] == 0  # the resumed step: the rollout has not started
     last_train = [r for r in rows if r["kind"] == "train"][-1]
-    assert last_train.get("scheduler/groups_retracted", 0) == retracted[1] + retracted[2]
+    assert last_train["step"] == 31 and last_train.get("scheduler/groups_retracted", 0) == sum(retracted[1:])
     first, last = (read_records(run / "eval" / f"step_{s:06d}.jsonl") for s in (1, 30))
     diff = stats.paired_difference(per_task_values(last), per_task_values(first))
     assert diff.n == 32 and diff.low > 0, (diff, {s: round(evals[s]["eval/reward"], 3) for s in evals})
