@@ -39,9 +39,6 @@ class TrainingRun:
         if loaded is None:
             return self
         t0 = time.perf_counter()
-        from miles_engine.trainer.megatron.dist_checkpoint import check_backend
-
-        check_backend(loaded.trainer_state, self.cfg.trainer.backend, loaded.path)
         await self.parts.trainer.load_state_dict(loaded.trainer_state)
         loaded.trainer_state = {}  # free it
         self.parts.buffer.restore(loaded.rollout.buffered)

@@ -17,12 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import Tensor, nn
-
 from miles_engine.errors import ConfigError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch is imported where used: the driver checks a checkpoint's format without it
+    import torch
+    from torch import Tensor, nn
+
     from miles_engine.trainer.megatron.trainer import MegatronTrainer
 
 SUBDIR = "megatron_dist"  # inside RUN_DIR/checkpoints/step_NNNNNNNN/
@@ -58,6 +58,7 @@ def _moments_sharded(tr: MegatronTrainer, opt: torch.optim.Optimizer, policy_sha
                      prefix: str, *, loading: bool) -> dict[str, dict[str, Any]]:
     """Adam's moments of the policy's parameters as sharded tensors mirroring the parameters
     (zeros as load targets when ``loading`` and the optimizer has not stepped yet)."""
+    import torch
     from megatron.core.dist_checkpointing.optimizer import (get_param_id_to_sharded_param_map,
                                                             make_sharded_optimizer_tensor)
 
@@ -147,6 +148,7 @@ def _restore_optimizer(tr: MegatronTrainer, opt: torch.optim.Optimizer, common: 
 
 def load(tr: MegatronTrainer, state: dict[str, Any]) -> None:
     """Every rank reads its shards (in this rank's layout, whatever the writer's) and the rest."""
+    import torch
     from megatron.core import dist_checkpointing
 
     directory = state.get("dist_checkpoint_path")
@@ -185,6 +187,7 @@ def load(tr: MegatronTrainer, state: dict[str, Any]) -> None:
 
 def load_policy(tr: MegatronTrainer, directory: str) -> None:
     """Only the policy's weights of a distributed checkpoint (conversion: see :mod:`.convert`)."""
+    import torch
     from megatron.core import dist_checkpointing
 
     model = {"policy": tr.policy.gpt.sharded_state_dict(prefix="policy.")}
