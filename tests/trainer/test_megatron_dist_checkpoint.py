@@ -1,7 +1,7 @@
 """trainer.megatron.checkpoint_format=dist: every rank writes its shards in megatron-core's
 distributed format into the staged run checkpoint; a resume in another TP layout (TP=2 -> TP=1)
 continues exactly like the uninterrupted run (weights, Adam moments, schedule, counters); the
-checkpoint converts to HF tensors; the torch backend refuses it with one error. Two sets of
+checkpoint exports to an HF directory (`miles export`); the torch backend refuses it with one error. Two sets of
 rank processes (~10 s of megatron import each)."""
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from miles_engine.errors import ConfigError  # noqa: E402
 from miles_engine.train import checkpoint  # noqa: E402
 from miles_engine.trainer.factory import create_trainer  # noqa: E402
 from miles_engine.trainer.megatron import dist_checkpoint  # noqa: E402
-from miles_engine.trainer.megatron.convert import policy_tensors  # noqa: E402
 from tests.trainer.helpers import TINY, random_groups  # noqa: E402
 
 torch.set_num_threads(1)
@@ -71,6 +70,15 @@ def test_tp2_dist_checkpoint_resumes_at_tp1_exactly_and_converts(tmp_path) -> No
         final = dict(tp1.named_tensors())
         assert max((final[k] - after[k]).abs().max().item() for k in after) < 1e-5
 
-    # conversion to HF tensors (miles export): one TP=1 rank reads the TP=2 shards
-    hf = policy_tensors(checkpoint.load(path).trainer_state, model)
-    assert all(torch.equal(hf[k], saved[k]) for k in saved)
+    # miles export: one TP=1 rank reads the TP=2 shards onto the run's model source (here an HF
+    # directory holding other weights: what is exported must be the checkpoint's)
+    import yaml
+
+    from miles_engine.engines.embedded.loading import load_model
+    from miles_engine.pretrained.export import export_run
+    from miles_engine.trainer.megatron.convert import to_hf_dir
+
+    base = to_hf_dir(after, model, tmp_path / "base")
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump({"model": {"path": str(base)}}))
+    exported, _ = load_model(str(export_run(tmp_path, tmp_path / "hf", merged=True)))
+    assert all(torch.equal(v, saved[k]) for k, v in exported.state_dict().items())
