@@ -133,11 +133,13 @@ class TrainingRun:
         t1 = time.perf_counter()
         info = resume.manifest_info(self.cfg.model_dump(mode="json"), p.tokenizer_sha, self.version, rollout)
         path = await asyncio.to_thread(checkpoint.save, self.run_dir, step=step, trainer_state=state, rollout=rollout,
-                                       rng=rng, manifest=info, keep=self.cfg.run.checkpoint_keep, staged=staged)
+                                       rng=rng, manifest=info, keep=self.cfg.run.checkpoint_keep,
+                                       staged=staged)
         self.saved_step = step
         self.checkpoint_metrics.update({"checkpoint/write_s": time.perf_counter() - t0,
                                         "checkpoint/state_s": t1 - t0,
-                                        "checkpoint/bytes": float(sum(f.stat().st_size for f in path.rglob("*") if f.is_file()))})
+                                        "checkpoint/bytes": float(sum(f.stat().st_size for f in path.rglob("*")
+                                                                      if f.is_file()))})
 
     def log(self, step: int, groups: list[Group], train_metrics: dict[str, float]) -> None:
         p = self.parts
