@@ -128,6 +128,7 @@ class TrainingRun:
         if p.trainer.checkpoint_shards:  # the ranks write their shards into the staged checkpoint themselves
             staged = await asyncio.to_thread(checkpoint.stage, self.run_dir, step)
             state = await p.trainer.save_shards(staged / p.trainer.checkpoint_shards)
+            crash_points.crash_point("checkpoint_write", step)  # test hook: shards written, nothing else
         else:
             state = await p.trainer.state_dict()
         t1 = time.perf_counter()
