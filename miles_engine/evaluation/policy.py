@@ -142,6 +142,10 @@ def read_checkpoint_weights(path: Path) -> CheckpointWeights:
                           f"(RUN_DIR/checkpoints/step_NNNNNNNN)")
     manifest = json.loads(manifest_path.read_text())
     state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+    if state.get("dist_checkpoint"):
+        raise ConfigError(f"--checkpoint {path}: written in Megatron's distributed format "
+                          f"(trainer.megatron.checkpoint_format=dist); convert it to a Hugging Face directory "
+                          f"first (`miles export RUN_DIR DEST`) and evaluate that")
     model = state.get("model") or {}
     tensors = {k[len(POLICY_PREFIX):]: v for k, v in model.items() if k.startswith(POLICY_PREFIX)}
     if not tensors:

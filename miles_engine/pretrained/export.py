@@ -30,13 +30,17 @@ def _run_config(run_dir: Path) -> dict[str, Any]:
     return yaml.safe_load(file.read_text()) or {}
 
 
-def _policy_state(run_dir: Path) -> tuple[dict[str, Any], int]:
+def _policy_state(run_dir: Path, spec: str) -> tuple[dict[str, Any], int]:
     from miles_engine.train import checkpoint
 
     path = checkpoint.latest(run_dir)
     if path is None:
         raise ConfigError(f"{run_dir}: no checkpoint under {checkpoint.checkpoint_dir(run_dir)} to export")
     loaded = checkpoint.load(path)
+    if loaded.trainer_state.get("dist_checkpoint_path"):  # Megatron's distributed format (any TP / PP / EP)
+        from miles_engine.trainer.megatron.convert import dist_policy_tensors
+
+        return dist_policy_tensors(loaded.trainer_state["dist_checkpoint_path"], spec), loaded.step
     state = {k.removeprefix("policy."): v for k, v in loaded.trainer_state["model"].items() if k.startswith("policy.")}
     return state, loaded.step
 
@@ -85,7 +89,7 @@ def export_run(run_dir: str | Path, dest: str | Path, *, merged: bool = False) -
         raise ConfigError(f"{run_dir}: the run trained a from-scratch policy (model.path unset); export needs a "
                           f"model source (an HF directory, a GGUF file or package:<module>) as its base")
     opts = lora.LoraOptions(**((cfg.get("trainer") or {}).get("lora") or {}))
-    state, step = _policy_state(run_dir)
+    state, step = _policy_state(run_dir, spec)
     source = resolve(spec)
     model, _ = load_model(spec, dtype="float32")
     base = {k: v for k, v in model.state_dict().items()}

@@ -5,6 +5,9 @@
       rollout.pkl    data cursor, finished-but-unconsumed groups, requeued running groups
       rng.pkl        python / numpy / torch RNG states of the driver process (the engine samples there)
       manifest.json  step, weight version, recipe fingerprint + config, parallel layout, file sizes
+      megatron_dist/ (trainer.megatron.checkpoint_format=dist) every trainer rank's shards, written
+                     by the ranks in parallel into the staged directory (:func:`stage`); trainer.pt
+                     then holds only the small rest and names this directory
 
 A checkpoint is written into ``.tmp-step_NNNNNNNN-<pid>/``: every file fsynced, the manifest
 last, the directory fsynced, then renamed into place and the parent fsynced. A crash at any
@@ -111,17 +114,39 @@ def set_rng_states(states: dict[str, Any]) -> None:
         np.random.set_state(states["numpy"])
 
 
-def save(run_dir: Path, *, step: int, trainer_state: dict[str, Any], rollout: RolloutState,
-         rng: dict[str, Any], manifest: dict[str, Any], keep: int) -> Path:
-    """Write checkpoint ``step`` atomically (see the module doc); prune to the last ``keep``."""
-    import torch
-
+def stage(run_dir: Path, step: int) -> Path:
+    """The temporary directory checkpoint ``step`` is written into (created empty): the trainer's
+    ranks may write their shards into a subdirectory of it before :func:`save` completes it."""
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
     remove_partial(run_dir)
-    final = root / f"step_{step:08d}"
-    tmp = root / f"{_TMP}{final.name}-{os.getpid()}"
+    tmp = root / f"{_TMP}step_{step:08d}-{os.getpid()}"
     tmp.mkdir()
+    return tmp
+
+
+def _staged_files(tmp: Path) -> dict[str, int]:
+    """Files the trainer ranks wrote into subdirectories of ``tmp`` (fsynced here), with their sizes."""
+    out = {}
+    for sub in sorted(p for p in tmp.iterdir() if p.is_dir()):
+        for f in sorted(p for p in sub.rglob("*") if p.is_file()):
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+            out[str(f.relative_to(tmp))] = f.stat().st_size
+        fsync_dir(sub)
+    return out
+
+
+def save(run_dir: Path, *, step: int, trainer_state: dict[str, Any], rollout: RolloutState,
+         rng: dict[str, Any], manifest: dict[str, Any], keep: int, staged: Path | None = None) -> Path:
+    """Write checkpoint ``step`` atomically (see the module doc); prune to the last ``keep``.
+    ``staged``: the :func:`stage` directory the trainer's shards are already in."""
+    import torch
+
+    root = checkpoint_dir(run_dir)
+    final = root / f"step_{step:08d}"
+    tmp = staged if staged is not None else stage(run_dir, step)
+    sharded = _staged_files(tmp)
     buf = io.BytesIO()
     torch.save(trainer_state, buf)
     payloads = {"trainer.pt": buf.getvalue(), "rollout.pkl": pickle.dumps(rollout, protocol=5),
@@ -130,7 +155,7 @@ def save(run_dir: Path, *, step: int, trainer_state: dict[str, Any], rollout: Ro
         write_bytes(tmp / name, data)
         crash_point("checkpoint_write", step)  # test hook: a crash with some files written
     body = {**manifest, "format": FORMAT, "step": step, "created": time.time(),
-            "files": {name: len(data) for name, data in payloads.items()}}
+            "files": {**sharded, **{name: len(data) for name, data in payloads.items()}}}
     write_bytes(tmp / "manifest.json", json.dumps(body, indent=1, sort_keys=True, default=str).encode())
     fsync_dir(tmp)
     if final.exists():  # the same step saved again (e.g. the final checkpoint): replace it whole
@@ -163,6 +188,8 @@ def load(path: Path) -> Loaded:
             raise ConfigError(f"checkpoint {path}: {name} is {actual} bytes, the manifest says {size} "
                               f"(damaged; delete this checkpoint to resume from the previous one)")
     state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
+    if state.get("dist_checkpoint"):  # Megatron's distributed format: the ranks read it from here
+        state["dist_checkpoint_path"] = str(path / state["dist_checkpoint"])
     check_trainer_state(state, path)
     rollout = pickle.loads((path / "rollout.pkl").read_bytes())
     rng = pickle.loads((path / "rng.pkl").read_bytes())
@@ -178,8 +205,13 @@ def check_trainer_state(state: dict[str, Any], path: Path) -> None:
     rl_steps, sft_steps = int(state.get("rl_steps", 0)), int(state.get("sft_steps", 0))
     shared = "sft_optimizer" not in state  # SFT stepped the RL optimizer itself
     expected = {"optimizer": rl_steps + (sft_steps if shared else 0), "sft_optimizer": 0 if shared else sft_steps}
+    dist = state.get("dist_checkpoint")
+    if dist and not (path / dist / "metadata.json").is_file():
+        raise ConfigError(f"checkpoint {path}: its Megatron distributed shards ({dist}/) are missing or incomplete "
+                          f"(no metadata.json): delete this checkpoint to resume from the previous one")
     for key, steps in expected.items():
-        moments = (state.get(key) or {}).get("state")
+        # Megatron's distributed format keeps the moments in the shards; "step" says they were written
+        moments = (state.get(key) or {}).get("step" if dist else "state")
         if steps > 0 and not moments:
             raise ConfigError(f"checkpoint {path}/trainer.pt records {steps} steps of '{key}' but its state is "
                               f"empty: refusing to resume with Adam's moments reset to zero")

@@ -23,7 +23,9 @@ LAYOUT_KEYS = ("placement.trainer", "trainer.parallel.world_size", "trainer.para
 # trainer.true_on_policy: the same model and updates, only the forward's rounding differs (engines follow it)
 # eval: except the train / eval split of the training tasks (checked on its own: evaluation/splits.py)
 # trainer.backend / trainer.megatron: both backends save the same HF-named trainer state (any TP / PP / EP
-# shard layout loads it: miles_engine/trainer/megatron/state.py)
+# shard layout loads it: miles_engine/trainer/megatron/state.py); trainer.megatron.checkpoint_format=dist
+# writes Megatron's own format, which only the megatron backend reads (refused with one error at restore),
+# at any TP / PP / EP: megatron to megatron, the world size may change too (see check)
 MUTABLE = ("description", "eval", "metrics", "run", "sft", "sandbox.options", "engines", "fleet", "weights",
            "placement.backend", "placement.ray", "trainer.backend", "trainer.megatron",
            "rollout.max_inflight", "rollout.poll_s", "rollout.episode_timeout_s",
@@ -70,9 +72,17 @@ def _diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
             for k in keys if old.get(k, missing) != new.get(k, missing)]
 
 
+def _backend(config: Mapping[str, Any]) -> Any:
+    return (config.get("trainer") or {}).get("backend", "torch")
+
+
 def check(manifest: Mapping[str, Any], config: Mapping[str, Any], tokenizer_sha256: str, path: Path) -> None:
     """Refuse (one :class:`ConfigError` naming every difference) unless ``config`` may resume ``path``."""
-    lines = _diff(manifest["layout"], layout(config))
+    old, new = dict(manifest["layout"]), layout(config)
+    if _backend(manifest["config"]) == _backend(config) == "megatron":  # the ranks reshard: any world size
+        old.pop("trainer.parallel.world_size", None)
+        new.pop("trainer.parallel.world_size", None)
+    lines = _diff(old, new)
     if lines:
         raise ConfigError(f"cannot resume from {path}: it was written with a different parallel layout\n"
                           + "\n".join(lines) + "\nresume with the checkpoint's layout (override those keys back) "

@@ -121,6 +121,9 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
         t0 = time.perf_counter()
         resumed = await asyncio.to_thread(checkpoint.load_latest, run_dir)
         resumed.load_s = time.perf_counter() - t0
+        from miles_engine.trainer.megatron.dist_checkpoint import check_backend
+
+        check_backend(resumed.trainer_state, cfg.trainer.backend, resumed.path)
     cfg.trainer.check_group_size(cfg.rollout.group_size, "rollout.group_size")
     if cfg.placement.colocated and cfg.trainer.parallel.world_size > 1:
         raise ConfigError(f"placement.trainer=in_process runs one trainer in the driver process, but "

@@ -4,7 +4,7 @@ timer, so the kill lands *inside* the work that follows). Unset, every call is a
 
 Points: ``generation`` (waiting for the step's groups), ``train_step`` (the trainer is
 stepping), ``checkpoint_write`` (the checkpoint's files are written, not yet renamed into
-place), ``weight_publish`` (the trainer's weights are being pushed to the engines).
+place; with the ranks' shards of ``checkpoint_format: dist``, once those are written), ``weight_publish`` (the trainer's weights are being pushed to the engines).
 """
 
 from __future__ import annotations

@@ -124,15 +124,23 @@ class TrainingRun:
         # taken now, on the event loop, so the buffer and the running groups are one consistent cut
         rollout = checkpoint.RolloutState(p.scheduler.next_position, p.buffer.snapshot(), p.scheduler.unfinished())
         rng = checkpoint.rng_states()
-        state = await p.trainer.state_dict()
+        staged = None
+        if p.trainer.checkpoint_shards:  # the ranks write their shards into the staged checkpoint themselves
+            staged = await asyncio.to_thread(checkpoint.stage, self.run_dir, step)
+            state = await p.trainer.save_shards(staged / p.trainer.checkpoint_shards)
+            crash_points.crash_point("checkpoint_write", step)  # test hook: shards written, nothing else
+        else:
+            state = await p.trainer.state_dict()
         t1 = time.perf_counter()
         info = resume.manifest_info(self.cfg.model_dump(mode="json"), p.tokenizer_sha, self.version, rollout)
         path = await asyncio.to_thread(checkpoint.save, self.run_dir, step=step, trainer_state=state, rollout=rollout,
-                                       rng=rng, manifest=info, keep=self.cfg.run.checkpoint_keep)
+                                       rng=rng, manifest=info, keep=self.cfg.run.checkpoint_keep,
+                                       staged=staged)
         self.saved_step = step
         self.checkpoint_metrics.update({"checkpoint/write_s": time.perf_counter() - t0,
                                         "checkpoint/state_s": t1 - t0,
-                                        "checkpoint/bytes": float(sum(f.stat().st_size for f in path.iterdir()))})
+                                        "checkpoint/bytes": float(sum(f.stat().st_size for f in path.rglob("*")
+                                                                      if f.is_file()))})
 
     def log(self, step: int, groups: list[Group], train_metrics: dict[str, float]) -> None:
         p = self.parts

@@ -64,6 +64,14 @@ class TrainerAccess:
     async def state_dict(self) -> dict[str, Any]:
         return await self._call(self.backend.state_dict)
 
+    @property
+    def checkpoint_shards(self) -> str | None:
+        """Set when the backend's ranks write their own checkpoint shards (see ``save_shards``)."""
+        return getattr(self.backend, "checkpoint_shards", None)
+
+    async def save_shards(self, directory: Any) -> dict[str, Any]:
+        return await self._call(self.backend.save_shards, directory)
+
     async def load_state_dict(self, state: dict[str, Any]) -> None:
         await self._call(self.backend.load_state_dict, state)
 

@@ -122,6 +122,15 @@ def test_resume_compatibility_names_each_difference(tmp_path: Path) -> None:
     fsdp = {**CONFIG, "trainer": {**CONFIG["trainer"], "parallel": {"world_size": 2, "device": "cpu"}}}
     with pytest.raises(ConfigError, match="trainer.parallel.world_size: checkpoint 1, now 2"):
         checkpoint_compat.check(manifest, fsdp, "tok", tmp_path)
+    # megatron -> megatron: the ranks reshard (either checkpoint format), so the world size may change
+    mg = {**CONFIG, "trainer": {**CONFIG["trainer"], "backend": "megatron", "parallel": {"world_size": 2,
+                                                                                          "device": "cpu"}}}
+    mg_manifest = {**manifest, "layout": checkpoint_compat.layout(mg), "config": mg}
+    tp1 = {**mg, "trainer": {**mg["trainer"], "parallel": {"world_size": 1, "device": "cpu"}}}
+    checkpoint_compat.check(mg_manifest, tp1, "tok", tmp_path)
+    with pytest.raises(ConfigError, match="trainer.parallel.world_size: checkpoint 2, now 1"):
+        checkpoint_compat.check(mg_manifest, {**tp1, "trainer": {**tp1["trainer"], "backend": "torch"}}, "tok",
+                                tmp_path)
     recipe = {**CONFIG, "model": {"hidden_size": 64}}
     with pytest.raises(ConfigError, match="incompatible with the one it was written with\n  model.hidden_size: "
                                           "checkpoint 128, now 64"):

@@ -3,7 +3,7 @@ checked against the world size and the model's shape with one error naming every
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -22,6 +22,10 @@ class MegatronConfig(BaseModel):
     sequence_parallel: bool = Field(False, description="SP: between the attention and MLP blocks each TP rank "
                                     "holds 1/tensor_parallel of the tokens (needs tensor_parallel > 1, "
                                     "pipeline_parallel=1)")
+    checkpoint_format: Literal["hf", "dist"] = Field(
+        "hf", description="hf: checkpoints gathered on rank 0 under Hugging Face names (the torch backend's "
+        "format: resumable by either backend); dist: every rank writes its own shards in parallel in "
+        "megatron-core's distributed format (torch_dist), resumable by this backend at any TP / PP / EP")
     context_parallel: int = Field(1, ge=1, description="not supported (refused unless 1): Megatron's context "
                                   "parallelism needs Transformer Engine attention")
 

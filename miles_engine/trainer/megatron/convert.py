@@ -18,8 +18,14 @@ from typing import Any
 import torch
 
 
-def policy_tensors(state: Mapping[str, Any]) -> dict[str, torch.Tensor]:
-    """The policy's HF tensors of a trainer state dict (either backend)."""
+def policy_tensors(state: Mapping[str, Any], source: Any = None) -> dict[str, torch.Tensor]:
+    """The policy's HF tensors of a trainer state dict (either backend). A state in Megatron's
+    distributed format (``checkpoint_format=dist``, as :func:`miles_engine.train.checkpoint.load`
+    returns it) is read by one Megatron rank at TP=1 built from ``source`` (the run's model)."""
+    if state.get("dist_checkpoint_path"):
+        if source is None:
+            raise ValueError("a Megatron distributed checkpoint needs the model source to convert")
+        return dist_policy_tensors(state["dist_checkpoint_path"], source)
     model = state.get("model") or {}
     out = {k[len("policy."):]: v for k, v in model.items() if k.startswith("policy.")}
     if not out:
@@ -47,3 +53,19 @@ def to_hf_dir(tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Te
         shutil.rmtree(out)
     tmp.rename(out)
     return out
+
+
+def dist_policy_tensors(directory: str | Path, source: Any) -> dict[str, torch.Tensor]:
+    """The policy's HF tensors of a Megatron distributed checkpoint directory (any TP / PP / EP it
+    was written with): one TP=1 rank of ``source``'s model loads it, resharded, and gathers."""
+    from miles_engine.trainer.factory import create_trainer
+
+    with create_trainer(source, {"backend": "megatron"}, world_size=1) as trainer:
+        trainer.call(_load_policy, str(directory))
+        return dict(trainer.named_tensors())
+
+
+def _load_policy(trainer: Any, directory: str) -> None:
+    from miles_engine.trainer.megatron.dist_checkpoint import load_policy
+
+    load_policy(trainer, directory)

@@ -27,6 +27,10 @@ Nothing changes when a GPU is present: :func:`enable` returns ``False`` without 
    megatron-core's sequence-parallel gradient all-reduce. The backend sums those gradients over TP
    itself (``MegatronTrainer._reduce_grads``), so :func:`torch_norm_with_sequence_parallel` builds
    them from a copy of the config with the flag off (a norm acts per token: nothing else changes).
+
+7. ``dist_checkpointing``'s ``torch_dist`` writer copies tensors to the host with
+   ``non_blocking=True`` and then calls ``torch.cuda.synchronize()`` (``preload_tensors``):
+   here the copy is blocking (a CPU tensor's ``.to("cpu")`` is itself), so no CUDA call is made.
 """
 
 from __future__ import annotations
@@ -130,6 +134,13 @@ def torch_norm_with_sequence_parallel() -> None:
     WrappedTorchNorm.__new__ = new  # type: ignore[method-assign]
 
 
+def _blocking_preload(original: Any) -> Any:
+    @functools.wraps(original)
+    def preload(write_buckets: Any, non_blocking: bool = True) -> Any:
+        return original(write_buckets, non_blocking=False)
+    return staticmethod(preload)
+
+
 def fix_missing_te() -> None:
     from megatron.core.transformer.moe import moe_utils
 
@@ -160,6 +171,9 @@ def enable() -> bool:
 
     LanguageModule.setup_embeddings_and_output_layer = _cpu_setup_embeddings(
         LanguageModule.setup_embeddings_and_output_layer)
+    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
+
+    FileSystemWriterAsync.preload_tensors = _blocking_preload(FileSystemWriterAsync.preload_tensors)
     assert isinstance(tensor_parallel.get_cuda_rng_tracker(), CPURNGStatesTracker)
     _enabled = True
     return True

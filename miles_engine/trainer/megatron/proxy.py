@@ -105,3 +105,20 @@ class MegatronTrainerProxy(FSDPTrainer):
         data = _dumps(state)
         self._send("load_state_dict", [data] * self.world_size)
         self._version = int(state["weight_version"])
+
+    @property
+    def checkpoint_shards(self) -> str | None:
+        """The checkpoint subdirectory the ranks write their shards into
+        (``trainer.megatron.checkpoint_format=dist``); None: :meth:`state_dict` holds everything."""
+        from miles_engine.trainer.megatron.dist_checkpoint import SUBDIR
+
+        return SUBDIR if self.config.megatron.checkpoint_format == "dist" else None
+
+    def save_shards(self, directory: str | Path) -> dict[str, Any]:
+        """Every rank writes its shards into ``directory`` in parallel (Megatron's distributed
+        format); rank 0's small rest of the state (for ``trainer.pt``)."""
+        return self.call(_save_shards, str(directory))
+
+
+def _save_shards(trainer: Any, directory: str) -> dict[str, Any]:
+    return trainer.save_shards(directory)

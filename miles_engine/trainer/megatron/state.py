@@ -4,6 +4,7 @@ those names, scheduler and counters as they are. Adam is element-wise, so the mo
 through :mod:`.hf_mapping` exactly like the weights: a checkpoint written by either backend (any
 TP / PP / EP) resumes on the other, and the model part *is* an HF state dict
 (:func:`miles_engine.trainer.megatron.convert.to_hf_dir` writes it as a model directory).
+This is ``trainer.megatron.checkpoint_format: hf`` (the default); ``dist``: :mod:`.dist_checkpoint`.
 """
 
 from __future__ import annotations

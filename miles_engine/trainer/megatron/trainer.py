@@ -341,10 +341,21 @@ class MegatronTrainer(TorchTrainer):
         return state.state_dict(self)
 
     def load_state_dict(self, state_: dict[str, Any]) -> None:
-        """Every rank gets the full state and loads its shards."""
-        from miles_engine.trainer.megatron import state
+        """Every rank gets the full state and loads its shards (from the state itself, or from the
+        Megatron distributed checkpoint it names: :mod:`.dist_checkpoint`)."""
+        from miles_engine.trainer.megatron import dist_checkpoint, state
 
-        state.load_state_dict(self, state_)
+        if dist_checkpoint.is_dist(state_):
+            dist_checkpoint.load(self, state_)
+        else:
+            state.load_state_dict(self, state_)
+
+    def save_shards(self, directory: str) -> dict[str, Any]:
+        """``trainer.megatron.checkpoint_format=dist``: this rank's shards into ``directory`` (a
+        collective), the small rest returned (see :mod:`.dist_checkpoint`)."""
+        from miles_engine.trainer.megatron import dist_checkpoint
+
+        return dist_checkpoint.save(self, directory)
 
     def close(self) -> None:
         if self.replay is not None:
