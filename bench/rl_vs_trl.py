@@ -46,7 +46,7 @@ Matched settings (figure 1 of issue 5; ``--model tiny``, the default):
   and ``default_system``); the prompt ids TRL's tokenizer (``AutoTokenizer`` of the directory)
   makes are checked equal to our codec's, as above.
 - **GRPO**: the recipe's own scale: 2 prompts x 4 samples = 8 per step, max 48 new tokens, AdamW
-  lr 5e-4 constant, the rest as above (T=1, clip 0.2, no KL, token-mean loss, group-std
+  lr 1e-3 constant (the recipe's RL lr), the rest as above (T=1, clip 0.2, no KL, token-mean loss, group-std
   scaling, grad clip 1.0, 1 torch thread per process; TRL without gradient checkpointing).
   Ours: the recipe otherwise as shipped (fully async, max staleness 2, TIS, ``max_inflight`` 8).
 
@@ -110,7 +110,7 @@ SETUPS = {
     "smollm2": Setup("smollm2", "smollm2-terminal",
                      ("environment.name=shell-drills",
                       "environment.options={kinds: [echo], num_tasks: 100000, demo_wrong_fraction: 0.2}"),
-                     group=4, prompts=2, max_tokens=48, lr=5e-4, steps=12, run_minutes=15.0, quick_steps=3,
+                     group=4, prompts=2, max_tokens=48, lr=1e-3, steps=12, run_minutes=15.0, quick_steps=3,
                      quick_minutes=8.0),
 }
 SETUP = [SETUPS["tiny"]]  # --model
