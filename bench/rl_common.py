@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import resource
 import shutil
@@ -22,6 +23,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -100,6 +103,42 @@ def checkpoint_in_subprocess(out: Path, overrides: Sequence[str], timeout: float
     if proc.returncode != 0:
         raise RuntimeError(f"SFT checkpoint failed (rc {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return json.loads((out / "checkpoint.json").read_text())
+
+
+def export_checkpoint(out: Path, recipe: str, overrides: Sequence[str], timeout: float) -> dict[str, Any]:
+    """A pretrained recipe's SFT warm start as a Hugging Face directory, through the CLI a user has:
+    ``miles train RECIPE run.steps=0 overrides...`` (its SFT, then the step-0 checkpoint), then
+    ``miles export RUN --merged OUT/checkpoint`` (LoRA adapters merged into the base; the model
+    source's own tokenizer and chat template beside them)."""
+    res = run_miles(overrides, out_dir=out, name="sft-run", timeout=timeout, recipe=recipe)
+    if res.get("error"):
+        raise RuntimeError(f"SFT warm start failed: {res['error']}")
+    ckpt = out / "checkpoint"
+    shutil.rmtree(ckpt, ignore_errors=True)
+    exported = run_process([MILES, "export", str(out / "sft-run"), "--merged", str(ckpt)], log=out / "export.log",
+                           timeout=timeout)
+    if exported["rc"] != 0:
+        raise RuntimeError(f"miles export failed (rc {exported['rc']}):\n{(out / 'export.log').read_text()[-4000:]}")
+    from safetensors import safe_open
+    from tokenizers import Tokenizer
+
+    params = 0
+    for file in ckpt.glob("*.safetensors"):
+        with safe_open(str(file), framework="numpy") as f:
+            for key in f.keys():
+                shape = f.get_slice(key).get_shape()
+                params += math.prod(shape)
+    cfg = yaml.safe_load((out / "sft-run" / "config.yaml").read_text())
+    lora = (cfg.get("trainer") or {}).get("lora") or {}
+    sft = [r for r in res["rows"] if r["kind"] == "sft"]
+    info = {"dir": str(ckpt), "tokenizer": str(ckpt / "tokenizer.json"), "build_s": 0.0,
+            "sft_s": res["wall_s"], "sft_steps": len(sft), "params": params,
+            "vocab": Tokenizer.from_file(str(ckpt / "tokenizer.json")).get_vocab_size(),
+            "loss_first": sft[0].get("sft/loss") if sft else None, "loss_last": sft[-1].get("sft/loss") if sft else None,
+            "lora": (f"LoRA r{lora.get('rank')} alpha {lora.get('alpha')} on {','.join(lora.get('target_modules') or [])}"
+                     if lora.get("enabled") else None), "export_s": exported["wall_s"]}
+    (out / "checkpoint.json").write_text(json.dumps(info, indent=1))
+    return info
 
 
 # ---------------------------------------------------------------------------------- subprocess runs

