@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +98,7 @@ class ComposeServices:
     sidecars: tuple[ServiceSpec, ...]
     main_volumes: tuple[VolumeMount, ...]
     main_limits: ServiceLimits  # what the agent's service asks (the task's own config wins)
+    main_env: dict[str, str] = field(default_factory=dict)  # the agent's service's environment (task env wins)
 
 
 def depends_on(raw: Any, where: str) -> dict[str, str]:
@@ -215,7 +216,7 @@ def load_sidecars(path: Path, *, main: str, variables: Mapping[str, str] | None 
 def load_services(path: Path, *, main: str, variables: Mapping[str, str] | None = None,
                   strict: bool = True) -> ComposeServices:
     """The sidecars of ``path`` (every service but ``main``, the agent's container, which waits
-    for what its ``depends_on`` says) and the named volumes ``main`` mounts."""
+    for what its ``depends_on`` says), the named volumes ``main`` mounts, its limits and environment."""
     variables = variables or {}
     services = read_compose(path)
     main_raw = services.get(main) or {}
@@ -225,6 +226,7 @@ def load_services(path: Path, *, main: str, variables: Mapping[str, str] | None 
     main_volumes = volumes(main_raw.get("volumes"), variables, f"{path} services.{main}", base=path.parent,
                            binds=False, strict=strict)
     main_limits = service_limits(main_raw, f"{path} services.{main}")
+    main_env = environment(main_raw.get("environment"), variables, f"{path} services.{main}", strict=strict)
     check_ports(main_raw, f"{path} services.{main}", path=path, service=main, main=True)
     out = []
     for name, raw in services.items():
@@ -267,4 +269,4 @@ def load_services(path: Path, *, main: str, variables: Mapping[str, str] | None 
     if unknown:
         raise TaskFormatError(f"{path} services.{main}.depends_on: no service {', '.join(map(repr, unknown))}")
     _check_order(out, path)
-    return ComposeServices(tuple(out), main_volumes, main_limits)
+    return ComposeServices(tuple(out), main_volumes, main_limits, main_env)

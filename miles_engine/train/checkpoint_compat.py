@@ -22,13 +22,14 @@ LAYOUT_KEYS = ("placement.trainer", "trainer.parallel.world_size", "trainer.para
 # placement.backend / placement.ray: the same ranks in actors or in local processes save the same state
 # trainer.true_on_policy: the same model and updates, only the forward's rounding differs (engines follow it)
 # eval: except the train / eval split of the training tasks (checked on its own: evaluation/splits.py)
+# rollout.mode: groups restored from the checkpoint are trained first in either mode (a step-0 checkpoint has none)
 # trainer.backend / trainer.megatron: both backends save the same HF-named trainer state (any TP / PP / EP
 # shard layout loads it: miles_engine/trainer/megatron/state.py); trainer.megatron.checkpoint_format=dist
 # writes Megatron's own format, which only the megatron backend reads (refused with one error at restore),
 # at any TP / PP / EP: megatron to megatron, the world size may change too (see check)
 MUTABLE = ("description", "eval", "metrics", "run", "sft", "sandbox.options", "engines", "fleet", "weights",
            "placement.backend", "placement.ray", "trainer.backend", "trainer.megatron",
-           "rollout.max_inflight", "rollout.poll_s", "rollout.episode_timeout_s",
+           "rollout.mode", "rollout.max_inflight", "rollout.poll_s", "rollout.episode_timeout_s",
            "buffer.capacity_groups", "trainer.num_threads", "trainer.sft.num_threads", "trainer.parallel.start_timeout_s",
            "trainer.parallel.step_timeout_s", "session_server.diagnose_every", "session_server.otel",
            "session_server.max_sessions", "trainer.true_on_policy", "session_server.host",

@@ -27,6 +27,7 @@ STEPS = 2
 SHORT = [f"run.steps={STEPS}", "sft.demos=8", "sft.batch_size=4", "rollout.group_size=2", "rollout.groups_per_step=1",
          "rollout.max_inflight=2", "agent.options.max_tokens=16", "agent.options.max_turns=2",
          "weights.check_update_equal=true", "metrics.progress=false", "run.checkpoint_every=1", "run.max_minutes=null",
+         "sft.max_minutes=null",
          # a few tiny steps rarely see a reward: the entropy bonus keeps a gradient on the adapters regardless
          "trainer.entropy_coef=0.01"]
 

@@ -190,3 +190,16 @@ def test_service_limits_over_the_backend_maximum_are_refused():
     with pytest.raises(SandboxUnsupportedError, match=r"8.0 CPUs for service 'db' \(max 4.0\); "
                                                        r"4096 MB memory for service 'db' \(max 2048\)"):
         check_supported(spec, caps, backend="docker")
+
+
+def test_the_agent_services_environment_is_carried_filled(tmp_path):
+    from miles_engine.errors import TaskFormatError
+    from miles_engine.sandbox.compose import load_services
+
+    path = tmp_path / "docker-compose.yaml"
+    path.write_text("services:\n  main:\n    environment:\n      - DB_URL=postgres://db:${DB_PORT:-5432}/app\n"
+                    "      - MODE=test\n  db:\n    image: postgres\n")
+    assert load_services(path, main="main").main_env == {"DB_URL": "postgres://db:5432/app", "MODE": "test"}
+    path.write_text("services:\n  main:\n    environment: 7\n")
+    with pytest.raises(TaskFormatError, match=r"services\.main\.environment: must be a list of KEY=VALUE"):
+        load_services(path, main="main")

@@ -4,11 +4,13 @@ and sync rollouts, so every RL step trains only tokens sampled under the trainer
 staleness, not numerics): at every step the numerics gap is exactly 0.0, no token is stale and the
 importance ratio is exactly 1. And the recipe still learns (the tiny-terminal e2e's margin: the
 3-step moving average of the reward rises by 0.3 within 30 steps). Bounded by steps: the recipe's
-full SFT warm start, 30 RL steps, the wall-clock limit lifted."""
+full SFT warm start (the shared ``warm_run``, resumed from its step-0 checkpoint: the SFT weights,
+before any rollout), 30 RL steps, the wall-clock limit lifted."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 from pathlib import Path
 
@@ -22,13 +24,17 @@ STEPS = 30
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_tiny_terminal_true_on_policy_learns_with_zero_numerics_gap_at_every_step(tmp_path: Path) -> None:
-    args = ["train", "tiny-terminal", "trainer.true_on_policy=true", "rollout.mode=sync", f"run.steps={STEPS}",
-            "run.max_minutes=null", "run.checkpoint_every=10", "metrics.progress=false", f"run.out_dir={tmp_path}",
-            "run.name=top"]
+def test_tiny_terminal_true_on_policy_learns_with_zero_numerics_gap_at_every_step(warm_run: Path,
+                                                                                    tmp_path: Path) -> None:
+    run = tmp_path / "top"
+    shutil.copytree(warm_run, run)
+    shutil.rmtree(run / "checkpoints" / "step_00000001")  # from the SFT weights: every RL step in this mode
+    (run / "metrics.jsonl").write_text("")  # this run's rows only
+    args = ["train", "--resume", str(run), "trainer.true_on_policy=true", "rollout.mode=sync", f"run.steps={STEPS}",
+            "run.max_minutes=null", "run.checkpoint_every=10", "metrics.progress=false"]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    rows = [json.loads(line) for line in (tmp_path / "top" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in rows if r["kind"] == "train"]
     assert len(train) == STEPS, [r.get("step") for r in train]
     for r in train:

@@ -151,12 +151,12 @@ class HarborTask(SandboxTask):
             return spec
         # Compose fills unset variables with "" (and warns); Harbor's own ones name host paths.
         loaded = load_services(overlay, main=MAIN_SERVICE, variables=dict(os.environ), strict=False)
-        # main's compose limits fill in what [environment] leaves unset (task.toml wins)
+        # main's compose limits and environment fill in what [environment] leaves unset (task.toml wins)
         given = spec.resources.model_dump(exclude_unset=True)
         resources = spec.resources.model_copy(update={k: v for k, v in loaded.main_limits.resources.model_dump(
             exclude_none=True, exclude_unset=True).items() if k not in given})
         return spec.model_copy(update={"services": loaded.sidecars, "volumes": loaded.main_volumes,
-                                       "resources": resources})
+                                       "resources": resources, "env": {**loaded.main_env, **spec.env}})
 
     def _compose_overlay(self) -> Path | None:
         for name in ("docker-compose.yaml", "docker-compose.yml"):

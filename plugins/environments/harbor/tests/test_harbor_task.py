@@ -108,16 +108,18 @@ def test_compose_only_environment_is_refused(tmp_path):
         task.sandbox_spec()
 
 
-def test_compose_limits_go_to_sidecars_and_fill_in_mains_unset_resources(tmp_path):
+def test_compose_limits_go_to_sidecars_and_fill_in_mains_unset_resources_and_environment(tmp_path):
     from miles_engine.sandbox.protocol import Resources
 
     overlay = ("services:\n  main:\n    cpus: 3\n    mem_limit: 2g\n    ports: ['8080:80']\n"
+               "    environment: {DB_HOST: db, DB_PORT: '5432'}\n"
                "  db:\n    image: postgres:16\n    mem_limit: 128m\n    pids_limit: 40\n")
     toml = DEFAULT_TOML + "\n[environment]\ncpus = 2\n"
     task = load_harbor_task(make_task(tmp_path, toml=toml, files={
         "environment/Dockerfile": "FROM ubuntu:24.04\n", "environment/docker-compose.yaml": overlay}))
     spec = task.sandbox_spec()
     assert (spec.resources.cpus, spec.resources.memory_mb) == (2, 2048)  # task.toml's cpus win; compose fills memory
+    assert spec.env["DB_HOST"] == "db" and spec.env["DB_PORT"] == "5432"  # main's environment reaches the agent
     (db,) = spec.services
     assert (db.resources, db.pids_limit) == (Resources(memory_mb=128), 40)
 
