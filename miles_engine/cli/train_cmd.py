@@ -45,14 +45,17 @@ def train(recipe: str | None, overrides: tuple[str, ...], resume_dir: Path | Non
         task = asyncio.current_task()
         run: TrainingRun | None = None
 
-        def on_interrupt() -> None:  # first Ctrl-C: finish the step and checkpoint; second: abort now
+        def on_interrupt(name: str) -> None:  # first signal: finish the step and checkpoint; second: abort now
             if (run is None or run.stop_requested) and task is not None:
                 task.cancel()
                 return
             run.stop_requested = True
-            click.echo("\nstopping after the current step (Ctrl-C again to abort without a checkpoint)", err=True)
+            click.echo(f"\n{name}: stopping after the current step (again to abort without a checkpoint)", err=True)
 
-        asyncio.get_running_loop().add_signal_handler(signal.SIGINT, on_interrupt)
+        # SIGTERM (a scheduler's or `kill`'s stop) as Ctrl-C: its default would end the driver at once and
+        # leave its engine, trainer and sandbox processes running
+        for sig, name in ((signal.SIGINT, "Ctrl-C"), (signal.SIGTERM, "SIGTERM")):
+            asyncio.get_running_loop().add_signal_handler(sig, on_interrupt, name)
         def started(r: TrainingRun) -> None:
             nonlocal run
             run = r

@@ -44,7 +44,9 @@ def test_resume_without_checkpoint_is_one_clear_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.timeout(240)
-def test_ctrl_c_finishes_the_step_checkpoints_and_leaves_nothing_running(tmp_path: Path) -> None:
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_finishes_the_step_checkpoints_and_leaves_nothing_running(tmp_path: Path,
+                                                                                     signame: str) -> None:
     import os
     import signal
     import subprocess
@@ -65,7 +67,7 @@ def test_ctrl_c_finishes_the_step_checkpoints_and_leaves_nothing_running(tmp_pat
                 break
             time.sleep(0.5)
         assert proc.poll() is None, proc.communicate()[0][-2000:]
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, signame))
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
