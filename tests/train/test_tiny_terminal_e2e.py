@@ -7,11 +7,16 @@ shorter or single-drill SFT leaves a weaker start whose RL rise over ~20 steps s
 the margin), only with fewer RL steps: 30 of its 60. Over the first 16 steps the rise measured
 0.38-0.50 here and 0.30 in one CI run; over 30 steps 0.47-0.55 (6 runs, ~2 min each). Asserts the
 reward margin, not exact values.
+
+The recipe's first command (SFT warm start and RL step 1) is the session's shared ``warm_run``
+(the same ``miles train tiny-terminal``, stopped after one step); this test resumes a copy of it
+for RL steps 2-30, so the suite runs the recipe's SFT once.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import statistics
 from pathlib import Path
 
@@ -21,7 +26,8 @@ from click.testing import CliRunner
 from miles_engine.cli.main import cli
 
 # bounded by steps: the recipe's run.max_minutes is lifted (it ended RL after one step on a loaded box)
-SHORT = ["run.steps=30", "run.max_minutes=null", "run.checkpoint_every=10", "metrics.progress=false"]
+STEPS = 30
+SHORT = [f"run.steps={STEPS}", "run.max_minutes=null", "run.checkpoint_every=10", "metrics.progress=false"]
 
 
 def moving_average(values: list[float], k: int = 3) -> list[float]:
@@ -30,17 +36,17 @@ def moving_average(values: list[float], k: int = 3) -> list[float]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_tiny_terminal_recipe_learns(tmp_path: Path) -> None:
-    result = CliRunner().invoke(cli, ["train", "tiny-terminal", *SHORT, f"run.out_dir={tmp_path}", "run.name=e2e"],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
+def test_tiny_terminal_recipe_learns(warm_run: Path, tmp_path: Path) -> None:
     run = tmp_path / "e2e"
+    shutil.copytree(warm_run, run)
+    result = CliRunner().invoke(cli, ["train", "--resume", str(run), *SHORT], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     sft = [r for r in rows if r["kind"] == "sft"]
     train = [r for r in rows if r["kind"] == "train"]
     assert sft and sft[-1]["sft/loss"] < sft[0]["sft/loss"]
     rewards = [r["reward/mean"] for r in train]
-    assert len(rewards) == 30, rewards
+    assert [r["step"] for r in train] == list(range(1, STEPS + 1)), rewards
     ma = moving_average(rewards)
     seen = {k: [round(r.get(k) or 0.0, 2) for r in train] for k in ("reward/echo", "reward/calc", "buffer/taken/s_old_avg")}
     assert max(ma) - ma[0] >= 0.3, f"3-step moving average did not rise by 0.3: {ma}; per step: {seen}"
