@@ -67,7 +67,9 @@ class _Engine:
     inflight: dict[str, int] = field(default_factory=dict)  # request id -> token cost
     sessions: int = 0
     placed: int = 0
-    requests: int = 0
+    requests: int = 0  # completed, and their sampled tokens; failures: lost to an unreachable engine
+    output_tokens: int = 0
+    failures: int = 0
     unreachable_until: float = 0.0
 
     def routable(self, now: float) -> bool:
@@ -186,6 +188,7 @@ class ViewRouter:
                     result = await e.client.generate(request)
                 except EngineUnavailable as exc:
                     e.unreachable_until = time.monotonic() + self.retry_after_s
+                    e.failures += 1
                     self.counts["unreachable"] += 1
                     if attempt >= self.retry_unavailable:
                         raise
@@ -195,6 +198,7 @@ class ViewRouter:
                     e.inflight.pop(rid, None)
                     self._rid.pop(rid, None)
                 e.requests += 1
+                e.output_tokens += len(result.output_ids)
                 result.info.setdefault("engine", e.view.name)
                 if attempt:
                     result.info["router_retries"] = attempt
@@ -222,7 +226,8 @@ class ViewRouter:
     def stats(self) -> dict[str, Any]:
         v = self.view
         return {"serial": v.serial if v else 0, "version": self.weight_version, "held": bool(v and v.held),
-                "admitted": self.admitted(), "requests": {n: e.requests for n, e in self.engines.items()},
+                "admitted": self.admitted(),
+                "engines": {n: (e.requests, e.output_tokens, e.failures) for n, e in self.engines.items()},
                 "inflight": sum(len(e.inflight) for e in self.engines.values()), **self.counts}
 
     async def aclose(self) -> None:

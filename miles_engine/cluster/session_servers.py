@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 from collections import Counter
@@ -30,6 +31,7 @@ from miles_engine.errors import MilesError
 
 log = logging.getLogger(__name__)
 BOOT_ATTEMPTS = 5
+STATS_EVERY_S = 1.0  # how often the actors' per-engine counts are added to the driver router's
 
 
 class SessionServerHost:
@@ -105,6 +107,10 @@ class RaySessionServers:
         self.slots: list[ServerSlot] = []
         self.counts: Counter[str] = Counter()
         self.view = dataclasses.replace(fleet_view(router), serial=1)
+        self.sessions = 0  # open on the actors, at the last pull
+        # (slot, generation) -> the totals last added: per engine (requests, tokens, failures), turns
+        self._pulled: dict[tuple[int, int], dict[str, tuple[int, int, int]]] = {}
+        self._turns: dict[tuple[int, int], int] = {}
         self._group: Any = None
         self._sync: asyncio.Task[None] | None = None
         self._closing = False
@@ -199,12 +205,39 @@ class RaySessionServers:
 
     # ------------------------------------------------------------------ the fleet's view
     async def _sync_loop(self) -> None:
-        while True:
+        pull_every = max(1, round(STATS_EVERY_S / self.sync_interval_s))
+        for n in itertools.count(1):
             await asyncio.sleep(self.sync_interval_s)
             try:
                 await self.sync()
+                if n % pull_every == 0:
+                    await self.pull_stats()
             except Exception:  # noqa: BLE001 - the loop must survive; a dead actor is the watcher's
                 log.exception("pushing the fleet's view to the session servers failed")
+
+    async def pull_stats(self) -> None:
+        """Add what the actors' engines served since the last pull to the driver router's per-engine
+        counts, so ``engines/<name>/requests``, ``tokens_per_s`` and ``failures`` cover every route."""
+        live = [s for s in self.slots if s.ready.is_set()]
+        answers = await asyncio.gather(*(s.actor.stats.remote() for s in live), return_exceptions=True)
+        by_name = {slot.name: slot for slot in self.router.slots}
+        sessions = 0
+        for s, stats in zip(live, answers):
+            if isinstance(stats, BaseException):
+                continue
+            sessions += int(stats["sessions"])
+            seen = self._pulled.setdefault((s.index, s.generation), {})
+            self.counts["turns"] += int(stats["turns"]) - self._turns.get((s.index, s.generation), 0)
+            self._turns[(s.index, s.generation)] = int(stats["turns"])
+            for name, totals in stats["engines"].items():
+                before = seen.get(name, (0, 0, 0))
+                slot = by_name.get(name)
+                if slot is not None:
+                    slot.requests += totals[0] - before[0]
+                    slot.output_tokens += totals[1] - before[1]
+                    slot.failures += totals[2] - before[2]
+                seen[name] = tuple(totals)
+        self.sessions = sessions
 
     async def sync(self) -> bool:
         """Push the driver router's view when it changed; True if it did."""
@@ -238,6 +271,7 @@ class RaySessionServers:
     def metrics(self) -> dict[str, float]:
         out = {"ray/session_servers": float(sum(s.ready.is_set() for s in self.slots)),
                "session_servers/episodes": float(sum(s.episodes for s in self.slots)),
+               "session_servers/sessions": float(self.sessions),
                "session_servers/fleet_view": float(self.view.serial)}
         out.update({f"session_servers/{k}": float(v) for k, v in self.counts.items()})
         return out

@@ -131,6 +131,9 @@ def test_episodes_through_a_session_server_actor_are_exact_and_follow_the_driver
                 assert all(e.results for e in engines.values())  # both admitted engines served
                 stats = await slot.actor.stats.remote()
                 assert stats["turns"] == 6 and stats["sessions"] == 0
+                await servers.pull_stats()  # the driver router's per-engine counts cover the actor's routes
+                assert [s.requests for s in router.slots] == [len(engines[n].results) for n in ("e0", "e1")]
+                assert servers.counts["turns"] == 6
 
                 router._quarantine(router.slots[1], "quarantined by the driver (test)")
                 await _until(lambda: servers.view.engines[1].admitted is False, "the driver's view changed")
