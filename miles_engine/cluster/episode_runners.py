@@ -2,7 +2,8 @@
 scheduler, as :class:`~miles_engine.train.episodes.EpisodeTrajectories` is in the driver.
 
 Each :class:`EpisodeRunner` actor builds, on its node, the recipe's environment source, sandbox
-backend, reward stack and the task's agent (pointed at the session server's address), and runs
+backend, reward stack and the task's agent (pointed at the session server's address: the
+driver's, or per episode a session-server actor's, see :mod:`.session_servers`), and runs
 whole episodes there: sandbox → agent ↔ session server → verifier → trajectory. The driver's
 :class:`RayEpisodeRunners` hands each episode to the least busy runner and awaits its trajectory;
 the scheduler, buffer and driver loop see the same callable as with local episodes.
@@ -11,7 +12,8 @@ A runner whose actor dies takes only its in-flight episodes with it: each is cou
 (``runners/episodes_lost``), the runner is replaced by a fresh actor in its placement-group
 bundle (``ray/restarts/runner-N``), and the episode runs again on a live runner up to
 ``placement.ray.episode_retries`` times; past that it is a failed trajectory whose error names
-the runner (the scheduler's accounting), never a lost one. Cancelling an episode (its deadline,
+the runner (the scheduler's accounting), never a lost one. An episode whose session-server
+actor died is lost and retried the same way. Cancelling an episode (its deadline,
 the scheduler stopping) cancels its call in the actor, whose ``finally`` closes the sandbox.
 """
 
