@@ -203,3 +203,35 @@ def test_a_killed_session_server_actor_is_replaced_and_its_episodes_run_again(cl
                      "the session-server actors gone")
 
     asyncio.run(main())
+
+
+def test_an_episode_gets_a_live_server_on_its_runners_node_else_the_least_busy() -> None:
+    """The assignment alone (no cluster): nodes as the actors would report them."""
+    from miles_engine.cluster.session_servers import RaySessionServers, ServerSlot
+    from miles_engine.engines.router import Router
+
+    async def main() -> None:
+        router = Router({"e0": ScriptedEngine(_codec().tokenizer)}, health_interval_s=0)
+        servers = RaySessionServers(None, router, None, None, count=3, resources={"CPU": 1})
+        servers.slots = [ServerSlot(i, node=node) for i, node in enumerate(["A", "A", "B"])]
+        for s in servers.slots:
+            s.ready.set()
+        picks = []
+        for _ in range(4):  # two servers on node A share its runners' episodes
+            slot = await servers.pick("A")
+            slot.episodes += 1
+            picks.append(slot.index)
+        assert picks == [0, 1, 0, 1]
+        assert (await servers.pick("B")).index == 2
+        servers.slots[2].ready.clear()  # B's server restarting: the least busy elsewhere
+        assert (await servers.pick("B")).index == 0
+        assert (await servers.pick("C")).index == 0  # no server on node C: the least busy live one
+        for s in servers.slots:
+            s.ready.clear()
+        waiting = asyncio.create_task(servers.pick("A"))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # none live: it waits for one
+        servers.slots[1].ready.set()
+        assert (await asyncio.wait_for(waiting, 5)).index == 1
+
+    asyncio.run(main())
