@@ -67,9 +67,6 @@ class _Engine:
     inflight: dict[str, int] = field(default_factory=dict)  # request id -> token cost
     sessions: int = 0
     placed: int = 0
-    requests: int = 0  # completed, and their sampled tokens; failures: lost to an unreachable engine
-    output_tokens: int = 0
-    failures: int = 0
     unreachable_until: float = 0.0
 
     def routable(self, now: float) -> bool:
@@ -93,6 +90,8 @@ class ViewRouter:
         self.view: FleetView | None = None
         self.engines: dict[str, _Engine] = {}
         self.counts: Counter[str] = Counter()
+        # per engine name, over its restarts: [completed requests, their sampled tokens, lost to it unreachable]
+        self.served: dict[str, list[int]] = {}
         self._affinity: OrderedDict[str, _Engine] = OrderedDict()
         self._rid: dict[str, _Engine] = {}
         self._aborted: set[str] = set()
@@ -188,7 +187,7 @@ class ViewRouter:
                     result = await e.client.generate(request)
                 except EngineUnavailable as exc:
                     e.unreachable_until = time.monotonic() + self.retry_after_s
-                    e.failures += 1
+                    self._served(e)[2] += 1
                     self.counts["unreachable"] += 1
                     if attempt >= self.retry_unavailable:
                         raise
@@ -197,8 +196,9 @@ class ViewRouter:
                 finally:
                     e.inflight.pop(rid, None)
                     self._rid.pop(rid, None)
-                e.requests += 1
-                e.output_tokens += len(result.output_ids)
+                served = self._served(e)
+                served[0] += 1
+                served[1] += len(result.output_ids)
                 result.info.setdefault("engine", e.view.name)
                 if attempt:
                     result.info["router_retries"] = attempt
@@ -217,6 +217,9 @@ class ViewRouter:
         except EngineUnavailable:
             return False
 
+    def _served(self, e: _Engine) -> list[int]:
+        return self.served.setdefault(e.view.name, [0, 0, 0])
+
     def end_session(self, session_id: str) -> None:
         self._unpin(session_id)
 
@@ -227,7 +230,7 @@ class ViewRouter:
         v = self.view
         return {"serial": v.serial if v else 0, "version": self.weight_version, "held": bool(v and v.held),
                 "admitted": self.admitted(),
-                "engines": {n: (e.requests, e.output_tokens, e.failures) for n, e in self.engines.items()},
+                "engines": {n: tuple(v) for n, v in self.served.items()},
                 "inflight": sum(len(e.inflight) for e in self.engines.values()), **self.counts}
 
     async def aclose(self) -> None:

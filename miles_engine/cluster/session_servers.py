@@ -114,6 +114,7 @@ class RaySessionServers:
         self._group: Any = None
         self._sync: asyncio.Task[None] | None = None
         self._closing = False
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ actors
     async def start(self) -> RaySessionServers:
@@ -200,7 +201,10 @@ class RaySessionServers:
         except asyncio.TimeoutError:
             return True  # busy, not dead
         except Exception as exc:  # noqa: BLE001 - RayActorError
-            await self.replace(slot, generation, _cause(exc))
+            slot.ready.clear()  # no episode picks it again; replaced in a task of its own (not this episode's)
+            task = asyncio.create_task(self.replace(slot, generation, _cause(exc)))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
             return False
 
     # ------------------------------------------------------------------ the fleet's view
@@ -278,7 +282,7 @@ class RaySessionServers:
 
     async def close(self) -> None:
         self._closing = True
-        tasks = [t for t in [self._sync, *(s.watch for s in self.slots)] if t is not None]
+        tasks = [t for t in [self._sync, *(s.watch for s in self.slots), *self._tasks] if t is not None]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -235,3 +235,44 @@ def test_an_episode_gets_a_live_server_on_its_runners_node_else_the_least_busy()
         assert (await asyncio.wait_for(waiting, 5)).index == 1
 
     asyncio.run(main())
+
+
+def test_the_actors_router_follows_each_view_and_keeps_counts_over_engine_restarts() -> None:
+    """ViewRouter alone (no cluster): admitted engines only, a restarted engine's new address,
+    waiting while none is admitted, per-engine counts that never go back."""
+    from miles_engine.cluster.fleet_view import EngineView, FleetView, ViewRouter
+    from miles_engine.engines.protocol import GenerateRequest, SamplingParams
+
+    tok = _codec().tokenizer
+    clients: dict[str, ScriptedEngine] = {}
+
+    def client(view: EngineView) -> ScriptedEngine:
+        clients[str(view.url)] = ScriptedEngine(tok)
+        return clients[str(view.url)]
+
+    def view(serial: int, *engines: tuple[str, str | None, int, bool]) -> FleetView:
+        return FleetView(tuple(EngineView(n, u, g, a, 0) for n, u, g, a in engines), 0, False, serial)
+
+    def req(session: str) -> GenerateRequest:
+        return GenerateRequest(input_ids=[1, 2, 3], sampling=SamplingParams(max_new_tokens=4), session_id=session)
+
+    async def main() -> None:
+        r = ViewRouter(client, wait_s=30)
+        await r.apply(view(1, ("e0", "u0", 1, True), ("e1", "u1", 1, False)))
+        for i in range(3):
+            assert (await r.generate(req(f"s{i}"))).info["engine"] == "e0"  # e1 quarantined by the driver
+        assert not clients["u1"].requests
+        await r.apply(view(1, ("e0", "u0", 1, False)))  # an old serial: ignored
+        assert r.admitted() == ["e0"]
+        await r.apply(view(2, ("e0", None, 1, True), ("e1", "u1", 1, False)))  # e0 restarting, e1 out
+        waiting = asyncio.create_task(r.generate(req("s9")))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()  # no admitted engine: it waits for the driver's next view
+        await r.apply(view(3, ("e0", "u0b", 2, True), ("e1", "u1", 1, False)))  # e0 back on a new address
+        assert (await asyncio.wait_for(waiting, 10)).info["engine"] == "e0"
+        assert len(clients["u0b"].requests) == 1 and len(clients["u0"].requests) == 3
+        assert r.stats()["engines"]["e0"][0] == 4  # counted over the restart, never back to 0
+        await r.apply(view(4, ("e0", "u0b", 2, False), ("e1", "u1", 1, True)))
+        assert (await r.generate(req("s0"))).info["engine"] == "e1"  # its session moves off the quarantined e0
+
+    asyncio.run(main())
