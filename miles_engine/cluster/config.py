@@ -37,8 +37,14 @@ class RayOptions(BaseModel):
     runner_resources: dict[str, float] = Field(
         default_factory=lambda: {"CPU": 1.0}, description="what one episode runner actor reserves (one bundle "
         "per runner, the bundles spread over nodes)")
+    session_servers: int = Field(
+        0, ge=0, description="TITO session servers as Ray actors (one bundle each, spread over nodes), each on its "
+        "node's address with the driver's view of the engines; episodes use one on their runner's node. 0: the "
+        "session server stays in the driver (enough on one node; set one per rollout node past that)")
+    session_server_resources: dict[str, float] = Field(
+        default_factory=lambda: {"CPU": 1.0}, description="what one session-server actor reserves")
     episode_retries: int = Field(
-        1, ge=0, description="times an episode lost with a runner that died is run again on a fresh runner; "
+        1, ge=0, description="times an episode lost with a runner (or session server) that died is run again; "
         "past that it is a failed trajectory naming the runner")
     strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="how each placement group's bundles spread over nodes")
@@ -54,7 +60,7 @@ class RayOptions(BaseModel):
                              f"most {MAX_TEMP_DIR} characters")
         return v
 
-    @field_validator("engine_resources", "trainer_resources", "runner_resources")
+    @field_validator("engine_resources", "trainer_resources", "runner_resources", "session_server_resources")
     @classmethod
     def _non_negative(cls, v: dict[str, float]) -> dict[str, float]:
         bad = {k: x for k, x in v.items() if x < 0}

@@ -2,7 +2,8 @@
 scheduler, as :class:`~miles_engine.train.episodes.EpisodeTrajectories` is in the driver.
 
 Each :class:`EpisodeRunner` actor builds, on its node, the recipe's environment source, sandbox
-backend, reward stack and the task's agent (pointed at the session server's address), and runs
+backend, reward stack and the task's agent (pointed at the session server's address: the
+driver's, or per episode a session-server actor's, see :mod:`.session_servers`), and runs
 whole episodes there: sandbox → agent ↔ session server → verifier → trajectory. The driver's
 :class:`RayEpisodeRunners` hands each episode to the least busy runner and awaits its trajectory;
 the scheduler, buffer and driver loop see the same callable as with local episodes.
@@ -11,7 +12,8 @@ A runner whose actor dies takes only its in-flight episodes with it: each is cou
 (``runners/episodes_lost``), the runner is replaced by a fresh actor in its placement-group
 bundle (``ray/restarts/runner-N``), and the episode runs again on a live runner up to
 ``placement.ray.episode_retries`` times; past that it is a failed trajectory whose error names
-the runner (the scheduler's accounting), never a lost one. Cancelling an episode (its deadline,
+the runner (the scheduler's accounting), never a lost one. An episode whose session-server
+actor died is lost and retried the same way. Cancelling an episode (its deadline,
 the scheduler stopping) cancels its call in the actor, whose ``finally`` closes the sandbox.
 """
 
@@ -57,25 +59,40 @@ class EpisodeRunner:
         from miles_engine.train.episodes import EpisodeTrajectories
 
         os.environ.update(dict(spec.env))
+        self.spec = spec
         hub = default_hub()
         self.source = hub.create("environment", spec.environment.name, spec.environment.options,
                                  where="environment.options")
         self.backend = hub.create("sandbox", spec.sandbox.backend, spec.sandbox.options, where="sandbox.options")
         self.reward = build_reward_stack(hub, spec.reward)
 
-        def make_agent() -> Any:
-            return hub.create("agent", spec.agent.name, {**spec.agent.options, "server_url": spec.server_url},
-                              where="agent.options")
+        def episodes(server_url: str) -> EpisodeTrajectories:
+            def make_agent() -> Any:
+                return hub.create("agent", spec.agent.name, {**spec.agent.options, "server_url": server_url},
+                                  where="agent.options")
 
-        self.episodes = EpisodeTrajectories(self.backend, make_agent, self.source, self.reward)
+            return EpisodeTrajectories(self.backend, make_agent, self.source, self.reward)
+
+        self._episodes = episodes
+        self.by_server: dict[str, EpisodeTrajectories] = {}
 
     def pid(self) -> int:
         return os.getpid()
 
-    async def run(self, task: Any, attempt: int) -> Any:
+    def node(self) -> str:
+        import ray
+
+        return str(ray.get_runtime_context().get_node_id())
+
+    async def run(self, task: Any, attempt: int, server_url: str | None = None) -> Any:
+        """One episode through ``server_url`` (a session-server actor's), else the driver's server."""
         if isinstance(task, str):
             task = self.source.load_task(task)
-        return await self.episodes(task, attempt)
+        url = server_url or self.spec.server_url
+        episodes = self.by_server.get(url)
+        if episodes is None:
+            episodes = self.by_server[url] = self._episodes(url)
+        return await episodes(task, attempt)
 
     async def close(self) -> None:
         from miles_engine.environments.capabilities import close_environment
@@ -97,14 +114,16 @@ class _Slot:
     actor: Any
     generation: int = 0
     inflight: int = 0
+    node: str = ""  # its bundle's node (a replacement starts in the same bundle)
 
 
 class RayEpisodeRunners:
     """``placement.ray.episode_runners`` runner actors behind the scheduler's ``run_trajectory``."""
 
     def __init__(self, cluster: Any, spec: RunnerSpec, *, count: int, resources: dict[str, float], retries: int,
-                 after: Callable[[Any], Awaitable[None]] | None = None) -> None:
+                 after: Callable[[Any], Awaitable[None]] | None = None, servers: Any = None) -> None:
         self.cluster, self.spec, self.count, self.retries = cluster, spec, count, retries
+        self.servers = servers  # RaySessionServers (placement.ray.session_servers > 0), else the driver's server
         self.resources = dict(resources)
         self.after = after  # post-episode step on an ok trajectory, in the driver (teacher scoring)
         self.slots: list[_Slot] = []
@@ -120,9 +139,11 @@ class RayEpisodeRunners:
                                               f"{self.cluster.prefix}-runners", strategy="SPREAD")
         self.slots = [_Slot(i, self._spawn(i, 0)) for i in range(self.count)]
         try:
-            await asyncio.gather(*(s.actor.pid.remote() for s in self.slots))
+            nodes = await asyncio.gather(*(s.actor.node.remote() for s in self.slots))
         except Exception as exc:  # noqa: BLE001 - a RayActorError wrapping the constructor's error
             raise MilesError(f"an episode runner actor failed to start: {_cause(exc)}") from None
+        for slot, node in zip(self.slots, nodes):
+            slot.node = node
         return self
 
     def _spawn(self, index: int, generation: int) -> Any:
@@ -175,14 +196,12 @@ class RayEpisodeRunners:
         for _ in range(self.retries + 1):
             slot = min(self.slots, key=lambda s: (s.inflight, s.index))
             generation = slot.generation
+            server = await self.servers.pick(slot.node) if self.servers is not None else None
             slot.inflight += 1
-            call = slot.actor.run.remote(task, attempt)
+            if server is not None:
+                server.episodes += 1
             try:
-                traj = await call
-            except asyncio.CancelledError:
-                with contextlib.suppress(Exception):
-                    self.cluster.ray.cancel(call)  # the actor's episode unwinds and closes its sandbox
-                raise
+                traj, lost = await self._run_on(slot, server, task, attempt)
             except RayActorError as exc:
                 self.counts["episodes_lost"] += 1
                 deaths.append(f"runner {slot.index} (Ray actor) died: {_cause(exc)}")
@@ -192,12 +211,49 @@ class RayEpisodeRunners:
                 raise exc.as_instanceof_cause() from None
             finally:
                 slot.inflight -= 1
+                if server is not None:
+                    server.episodes -= 1
+            if lost is not None:  # its session server died: the episode's sessions went with it
+                self.counts["episodes_lost"] += 1
+                self.servers.counts["episodes_lost"] += 1
+                deaths.append(lost)
+                continue
             if deaths:
                 self.counts["episodes_retried"] += 1
             return await self._finish(traj, task_id)
         self.counts["episodes_failed_lost"] += 1
         raise EpisodeLost(f"episode {attempt} of task '{task_id}' was lost {len(deaths)} time(s) "
                           f"(placement.ray.episode_retries={self.retries}): {'; '.join(deaths)}")
+
+    async def _run_on(self, slot: _Slot, server: Any, task: Any, attempt: int) -> tuple[Any, str | None]:
+        """The episode's trajectory, or (None, why) when its session server died meanwhile."""
+        if server is None:
+            call = slot.actor.run.remote(task, attempt)
+            try:
+                return await call, None
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    self.cluster.ray.cancel(call)  # the actor's episode unwinds and closes its sandbox
+                raise
+        generation, died = server.generation, server.died
+        call = slot.actor.run.remote(task, attempt, server.url)
+        done = asyncio.wrap_future(call.future())
+        done.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved when abandoned
+        try:
+            await asyncio.wait([done, died], return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            with contextlib.suppress(Exception):
+                self.cluster.ray.cancel(call)
+            raise
+        if not done.done():
+            with contextlib.suppress(Exception):
+                self.cluster.ray.cancel(call)
+            return None, died.result()
+        traj = done.result()
+        # an episode that failed as its server died (a reset connection) is lost, not failed
+        if traj.status != "ok" and not await self.servers.alive(server, generation):
+            return None, f"session server {server.index} (Ray actor) died"
+        return traj, None
 
     async def _finish(self, traj: Any, task_id: str) -> Any:
         return await finish_trajectory(traj, task_id, self.after, self._seen_errors)

@@ -9,8 +9,10 @@ bundle per engine, ``placement.ray.engine_resources``, +1 GPU on a cuda device);
 ``trainer.parallel.world_size`` ranks are actors in one placement group
 (``placement.ray.trainer_resources`` each); the episode runners (agents + sandboxes) are
 ``placement.ray.episode_runners`` actors spread over nodes (``placement.ray.runner_resources``
-each). The driver loop, the router, the session server (bound to the driver node's address)
-and the weight transports stay in the driver process.
+each); ``placement.ray.session_servers`` TITO session servers are actors too, kept at the
+driver router's view of the engines. The driver loop, the router, the driver's own session
+server (bound to the driver node's address: evaluation episodes, and every episode when
+``session_servers`` is 0) and the weight transports stay in the driver process.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class RayPlacement:
                        if getattr(kind, "placeable", False)}
         self._bundles: dict[str, Any] = {}
         self.runners: Any = None  # RayEpisodeRunners, once started
+        self.servers: Any = None  # RaySessionServers, once started
 
     @classmethod
     async def start(cls, cfg: Any, kinds: Sequence[Any], stack: AsyncExitStack, run_name: str = "miles") -> RayPlacement:
@@ -88,17 +91,32 @@ class RayPlacement:
         n = self.options.episode_runners
         out.append(Demand(f"the episode runners (placement.ray.episode_runners={n})", self.options.runner_resources, n,
                           "runner_resources"))
+        if self.options.session_servers:
+            n = self.options.session_servers
+            out.append(Demand(f"the session servers (placement.ray.session_servers={n})",
+                              self.options.session_server_resources, n, "session_server_resources"))
         return out
 
     # ------------------------------------------------------------------ the episode runners
-    async def episode_runners(self, spec: Any, after: Callable[..., Any] | None) -> Any:
+    async def episode_runners(self, spec: Any, after: Callable[..., Any] | None, servers: Any = None) -> Any:
         """Runner actors (agents + sandboxes) behind the scheduler's ``run_trajectory``, started."""
         from miles_engine.cluster.episode_runners import RayEpisodeRunners
 
         o = self.options
         self.runners = RayEpisodeRunners(self.cluster, spec, count=o.episode_runners, resources=o.runner_resources,
-                                         retries=o.episode_retries, after=after)
+                                         retries=o.episode_retries, after=after, servers=servers)
         return await self.runners.start()
+
+    async def session_servers(self, router: Any, codec: Any, config: Any) -> Any:
+        """``placement.ray.session_servers`` session-server actors kept at ``router``'s view, started (None: 0)."""
+        if not self.options.session_servers:
+            return None
+        from miles_engine.cluster.session_servers import RaySessionServers
+
+        o = self.options
+        self.servers = RaySessionServers(self.cluster, router, codec, config, count=o.session_servers,
+                                         resources=o.session_server_resources)
+        return await self.servers.start()
 
     # ------------------------------------------------------------------ the trainer
     def trainer_ranks(self) -> Callable[..., Any]:
@@ -125,4 +143,6 @@ class RayPlacement:
         out = self.cluster.metrics()
         if self.runners is not None:
             out.update(self.runners.metrics())
+        if self.servers is not None:
+            out.update(self.servers.metrics())
         return out

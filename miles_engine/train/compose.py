@@ -159,7 +159,8 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
     transport = await _start_transport(cfg, run_dir, engines, fleet, trainer, resumed, placement, stack)
     opd = _build_opd(cfg, hub, run_dir, codec, source, tasks, metrics, engines, stack)
     reward = _build_reward(cfg, hub, stack)
-    run_trajectory = await _episode_runner(cfg, hub, run_dir, sandboxes, source, server, reward, opd, placement, stack)
+    run_trajectory = await _episode_runner(cfg, hub, run_dir, sandboxes, source, server, reward, opd, placement, stack,
+                                           engines=engines, codec=codec)
     scheduler, mode = _build_rollout(cfg, run_dir, tasks, run_trajectory, buffer, engines, resumed, stack)
     samples = _sample_log(cfg, run_dir, codec, stack)
     progress = RunProgress()
@@ -300,14 +301,18 @@ async def _build_evaluator(inputs: Any, stack: AsyncExitStack) -> Any:
 
 
 async def _episode_runner(cfg: RecipeConfig, hub: Hub, run_dir: Path, sandboxes: Any, source: Any, server: Any,
-                          reward: Any, opd: Any, placement: Any, stack: AsyncExitStack) -> Any:
+                          reward: Any, opd: Any, placement: Any, stack: AsyncExitStack, engines: Any = None,
+                          codec: Any = None) -> Any:
     """The scheduler's ``run_trajectory``: episodes in this process, or in runner actors under Ray."""
     if placement is not None:
         from miles_engine.cluster.episode_runners import RunnerSpec
 
         spec = RunnerSpec(cfg.environment, cfg.sandbox, cfg.agent, cfg.reward, server.url,
                           env=((RUN_ID_ENV, os.environ[RUN_ID_ENV]),))
-        runners = await placement.episode_runners(spec, after=opd)
+        servers = await placement.session_servers(engines, codec, cfg.session_server)  # None: the driver's
+        if servers is not None:
+            stack.push_async_callback(servers.close)
+        runners = await placement.episode_runners(spec, after=opd, servers=servers)
         stack.push_async_callback(runners.close)
         return runners
     from miles_engine.train.episodes import EpisodeTrajectories

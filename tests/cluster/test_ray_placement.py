@@ -164,3 +164,36 @@ def test_components_too_big_only_together_are_all_named() -> None:
     assert "has 2 CPU (CPU: 2, memory: 1e+09)" in msg
     assert "placement.ray.engine_resources, placement.ray.trainer_resources, placement.ray.runner_resources" in msg
     cluster.check_resources(demands[:2])  # 2 CPU: fits
+
+
+def test_session_server_actors_are_counted_in_the_resource_check() -> None:
+    """placement.ray.session_servers adds one demand naming it; too many fail before anything starts."""
+    from miles_engine.cluster.placement import RayPlacement
+    from miles_engine.config.recipe import load_recipe
+    from miles_engine.engines.fleet.build import create_kinds
+    from miles_engine.errors import ConfigError
+    from miles_engine.hub import default_hub
+
+    cfg = load_recipe("tiny-terminal", ["placement.backend=ray", "engines=[{kind: server, replicas: 2}]",
+                                        "weights.transport=broadcast", "placement.ray.session_servers=3",
+                                        "placement.ray.session_server_resources={CPU: 2}"])
+    placement = RayPlacement(cfg, create_kinds(default_hub(), cfg.engines))
+    demand = placement.demands()[-1]
+    assert (demand.component, demand.resources, demand.bundles, demand.key) == (
+        "the session servers (placement.ray.session_servers=3)", {"CPU": 2.0}, 3, "session_server_resources")
+
+    class FourCPUs:
+        @staticmethod
+        def cluster_resources() -> dict[str, float]:
+            return {"CPU": 4.0}
+
+    placement.cluster.ray = FourCPUs()
+    with pytest.raises(ConfigError) as err:
+        placement.cluster.check_resources(placement.demands())
+    assert str(err.value).startswith("the session servers (placement.ray.session_servers=3) asks for CPU: 2 x 3"), err
+    assert "placement.ray.session_server_resources" in str(err.value)
+    off = load_recipe("tiny-terminal", ["placement.backend=ray", "engines=[{kind: server, replicas: 2}]",
+                                        "weights.transport=broadcast"])
+    assert off.placement.ray.session_servers == 0  # the default: the driver's session server
+    assert not any("session servers" in d.component for d in RayPlacement(off, create_kinds(
+        default_hub(), off.engines)).demands())

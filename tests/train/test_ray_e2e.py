@@ -1,7 +1,9 @@
 """tiny-terminal with ``placement.backend=ray`` on a private one-node cluster (2 CPUs, loopback
 only): two ``server`` engines and the trainer rank are Ray actors; weights are broadcast (gloo)
-and checked tensor by tensor after every push. Mid-run one engine actor is SIGKILLed: a fresh
-actor takes its bundle with the current weights, and every group is accounted for. While it
+and checked tensor by tensor after every push. In the learning run the episodes go through a
+session-server actor (``placement.ray.session_servers=1``). Mid-run one engine actor is
+SIGKILLed: a fresh actor takes its bundle with the current weights (its new address reaches the
+session-server actor), and every group is accounted for. While it
 runs, every listening socket of the run's processes (driver, Ray's head, the actors, the
 engine servers) is on loopback; afterwards none of those processes remains.
 
@@ -31,6 +33,8 @@ pytest.importorskip("ray")  # the `ray` extra; ./dev.sh test installs it
 RAY = ["placement.backend=ray", "placement.ray.num_cpus=2", "placement.ray.engine_resources={CPU: 0.5}",
        "placement.ray.trainer_resources={CPU: 0.5}", "placement.ray.runner_resources={CPU: 0.25}",
        "weights.transport=broadcast", "weights.check_update_equal=true"]
+SESSION_ACTOR = ["placement.ray.session_servers=1", "placement.ray.runner_resources={CPU: 0.2}",
+                 "placement.ray.session_server_resources={CPU: 0.1}"]
 
 
 def _loopback(ip: str) -> bool:
@@ -124,7 +128,7 @@ def test_ray_placement_learns_and_survives_an_engine_actor_kill(warm_run: Path, 
     shutil.copytree(warm_run, run)
     temp = Path(tempfile.mkdtemp(prefix="mr-", dir="/tmp"))  # short: Ray's socket paths stay < 108 bytes
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    driver = subprocess.Popen([*MILES, "--resume", str(run), *FLEET, "run.steps=31", *RAY,
+    driver = subprocess.Popen([*MILES, "--resume", str(run), *FLEET, "run.steps=31", *RAY, *SESSION_ACTOR,
                                f"placement.ray.temp_dir={temp}"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     watcher = RunWatcher(driver, run)
@@ -139,9 +143,11 @@ def test_ray_placement_learns_and_survives_an_engine_actor_kill(warm_run: Path, 
     assert_accounted(run, train)
     last = train[-1]
     assert last["engines/server-0/restarts"] >= 1 and last["ray/restarts/server-0"] >= 1
-    # 2 engines + 1 trainer rank + 2 episode runners (their sandboxes), in 3 placement groups
-    assert last["ray/actors"] == 5 and last["ray/placement_groups"] == 3 and last["runners/live"] == 2
+    # 2 engines + 1 trainer rank + 2 episode runners (their sandboxes) + 1 session server, in 4 placement groups
+    assert last["ray/actors"] == 6 and last["ray/placement_groups"] == 4 and last["runners/live"] == 2
+    assert last["ray/session_servers"] == 1 and last["session_servers/turns"] > 0
     assert "runners/episodes_lost" not in last and not any(k.startswith("ray/restarts/runner") for k in last)
+    assert not any(k.startswith("ray/restarts/session-server") for k in last)
     after = [r for r in train if r["engines/server-0/restarts"] >= 1]
     assert after and all(r["weights/tensors_checked"] > 0 and r["weights/engines"] == 2 for r in after[1:])
     assert sum(r["engines/server-0/requests"] for r in after) > 0  # the replacement actor served

@@ -127,6 +127,10 @@ class ChatCodec:
         self._constants: dict[str, tuple[int, ...]] = {}
         self._text_ids: dict[str, tuple[int, ...]] = {}
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # to another process (a session-server actor): the compiled template is rebuilt there
+        return type(self), (self.family, self.tokenizer)
+
     @property
     def name(self) -> str:
         return self.family.name
