@@ -1,8 +1,8 @@
 """``placement.backend=ray`` + ``weights.transport=broadcast``: trainer rank 0's actor is rank 0
-of the weight-sync group (a private loopback cluster, 2 CPUs, 2 ``server`` engine actors, the
-composition root's own builders). Checked pushes carry exactly the trainer's weights while no
+of the weight-sync group (a private loopback cluster, 2 CPUs, 2 ``server`` engine actors, 2
+FSDP2 rank actors, the composition root's own builders). Checked pushes carry exactly the trainer's weights while no
 tensor reaches the driver; an engine actor killed mid-run is restored from rank 0's last pushed
-export and the group is rebuilt; a rank-0 wait stuck on an engine that never joins is aborted
+export and the group is rebuilt on a new port; a rank-0 wait stuck on an engine that never joins is aborted
 at once from the driver (the actor takes the abort while the wait runs)."""
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ async def _engine_digests(engines: object) -> list[dict[str, str]]:
     return [await s.engine.weight_checksums() for s in engines.slots]
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_rank0_broadcasts_checked_pushes_without_the_driver_holding_tensors(world: int, tmp_path: Path,
+def test_rank0_broadcasts_checked_pushes_without_the_driver_holding_tensors(tmp_path: Path,
                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    world = 2  # FSDP2 ranks: the export is gathered onto rank 0 (world 1 runs in test_ray_e2e.py)
     shipped: list[str] = []  # every trainer export that came to the driver
     real = FSDPTrainer.named_tensors
     monkeypatch.setattr(FSDPTrainer, "named_tensors", lambda self, *a: shipped.append("export") or real(self, *a))
@@ -71,6 +71,15 @@ def test_rank0_broadcasts_checked_pushes_without_the_driver_holding_tensors(worl
             transport = await _start_transport(cfg, tmp_path, engines, None, trainer, None, placement, stack)
             sender = trainer._rank0
             assert sender is not None and transport.inner.sender is sender
+            ports: list[int] = []  # each group's rendezvous port on rank 0's node
+            opened = sender.open
+
+            async def open_group(*args: object) -> tuple:
+                got = await opened(*args)
+                ports.append(got[1])
+                return got
+
+            sender.open = open_group
 
             for step in range(1, 3):
                 await trainer.train_step(random_groups(2, 4, seed=step))
@@ -83,19 +92,21 @@ def test_rank0_broadcasts_checked_pushes_without_the_driver_holding_tensors(worl
             exported = await trainer.named_tensors()  # now, for this test's own comparison
             assert await _engine_digests(engines) == [digests(dict(exported))] * 2
 
-            if world == 1:  # an engine actor dies: restored from rank 0's last push, the group rebuilt
-                victim = engines.slots[0].engine
-                ray.kill(victim.process.actor, no_restart=True)
-                for _ in range(1200):  # bounded by count; the restart itself by its start timeout
-                    if victim.restarts and victim.client is not None and engines.slots[0].healthy:
-                        break
-                    await asyncio.sleep(0.1)
-                assert victim.restarts == 1 and sender.fetched_bytes > 0  # the one time tensors came here
-                await trainer.train_step(random_groups(2, 4, seed=9))
-                stats = await _push(trainer, engines, transport)
-                assert transport.inner.builds == 2 and stats.tensors_checked == 2 * stats.tensors
-                assert stats.driver_bytes == 0
-                assert await _engine_digests(engines) == [digests(dict(await trainer.named_tensors()))] * 2
+            # an engine actor dies: restored from rank 0's last push, the group rebuilt
+            victim = engines.slots[0].engine
+            ray.kill(victim.process.actor, no_restart=True)
+            for _ in range(1200):  # bounded by count; the restart itself by its start timeout
+                if victim.restarts and victim.client is not None and engines.slots[0].healthy:
+                    break
+                await asyncio.sleep(0.1)
+            assert victim.restarts == 1 and sender.fetched_bytes > 0  # the one time tensors came here
+            assert await victim.weight_checksums() == digests(dict(exported))  # the last pushed weights
+            await trainer.train_step(random_groups(2, 4, seed=9))
+            stats = await _push(trainer, engines, transport)
+            assert transport.inner.builds == 2 and len(ports) == 2 and ports[0] != ports[1]
+            assert stats.tensors_checked == 2 * stats.tensors
+            assert stats.driver_bytes == 0
+            assert await _engine_digests(engines) == [digests(dict(await trainer.named_tensors()))] * 2
 
             # rank 0 waiting for an engine that never joins: the driver's abort frees it at once
             _, port, _, joining = await sender.open(2, "never-joined", "gloo", 600.0)
