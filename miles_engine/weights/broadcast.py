@@ -110,9 +110,7 @@ class BroadcastTransport(TransportBase):
             log.warning("%s failed (tolerated) on %s", what, "; ".join(bad))
 
     async def _teardown(self, reason: str) -> None:
-        from miles_engine.weights import dist
-
-        old, gens, name, group = self._engines, self._generations, self._active_name, self._group
+        old, gens, name = self._engines, self._generations, self._active_name
         log.warning("weight-sync group %s: rebuilding, %s", name, reason)
         survivors = [e for e, g in zip(old, gens) if self._generation(e) == g]  # a replaced process lost it
         await self._bounded(survivors, lambda e: e.destroy_weights_update_group(name), "destroying the old "
