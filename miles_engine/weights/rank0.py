@@ -137,9 +137,10 @@ class Rank0WeightSync:
     def broadcast(self, index: int, flatten: bool, timeout_s: float) -> int:
         from miles_engine.weights import dist, tensors
 
-        group, bucket = self._group, self._plan[index]
-        if group is None:
-            raise WeightPushError("trainer rank 0 has no weight-sync group (aborted or never joined)")
+        group = self._group
+        if group is None or index >= len(self._plan):
+            raise WeightPushError("trainer rank 0 has no weight-sync group or bucket plan (aborted or never joined)")
+        bucket = self._plan[index]
         device = dist.comm_device(self.backend)
 
         def work() -> None:
