@@ -19,6 +19,9 @@ from typing import Any
 from miles_engine.trainer.protocol import TrainerError
 
 
+WEIGHT_THREADS = 4  # a broadcast waiting, an abort, a restarted engine's fetch, a check's digests
+
+
 class RankHost:
     """The actor body (``ray.remote`` applied in :class:`RayRanks`)."""
 
@@ -39,6 +42,18 @@ class RankHost:
     def handle(self, cmd: str, arg: Any) -> Any:
         return self.worker.handle(cmd, arg)
 
+    def weights(self, method: str, *args: Any) -> Any:
+        """Rank 0's side of the weight-sync group (:class:`Rank0WeightSync`), called in the actor's
+        ``weights`` concurrency group: an abort is taken while a broadcast waits, and trainer
+        commands (the default group, one at a time) never interleave with each other."""
+        if getattr(self, "sync", None) is None:
+            import ray
+
+            from miles_engine.weights.rank0 import Rank0WeightSync
+
+            self.sync = Rank0WeightSync(self.worker.exports, ray.util.get_node_ip_address())
+        return getattr(self.sync, method)(*args)
+
 
 class RayRanks:
     def __init__(self, world: int, model: Any, config: dict, make: Callable[..., Any] | None, *,
@@ -50,7 +65,7 @@ class RayRanks:
         res = dict(resources)
         cpus, gpus = res.pop("CPU", 0.0), res.pop("GPU", 0.0)
         self.group = cluster.placement_group([dict(resources) for _ in range(world)], name=f"{cluster.prefix}-trainer")
-        cls = ray.remote(max_restarts=0)(RankHost)
+        cls = ray.remote(max_restarts=0, concurrency_groups={"weights": WEIGHT_THREADS})(RankHost)
         self.actors = [
             cluster.track(cls.options(
                 num_cpus=cpus, num_gpus=gpus, resources=res or None, name=f"{cluster.prefix}-trainer-rank{r}",
@@ -64,6 +79,10 @@ class RayRanks:
             init = f"tcp://{host}:{port}"
         model_ref = ray.put(model)
         self._refs = [a.init.remote(r, world, init, model_ref, config, make) for r, a in enumerate(self.actors)]
+
+    def weight_call(self, method: str, *args: Any) -> Any:
+        """Rank 0's weight-sync side (an ObjectRef): never queued behind a trainer command."""
+        return self.actors[0].weights.options(concurrency_group="weights").remote(method, *args)
 
     def send(self, cmd: str, args: Sequence[Any]) -> None:
         self._refs = [a.handle.remote(cmd, arg) for a, arg in zip(self.actors, args)]

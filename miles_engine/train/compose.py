@@ -242,8 +242,9 @@ async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Any, fleet
 
     w = cfg.weights
     options: dict[str, Any] = {}
-    if w.transport == "broadcast" and placement is not None:  # the group's rendezvous: this node's address
-        options["master_address"] = placement.driver_address()
+    if w.transport == "broadcast" and placement is not None:  # rank 0: trainer rank 0's actor, else this node
+        sender = trainer.use_rank0_sender()
+        options.update({"sender": sender} if sender is not None else {"master_address": placement.driver_address()})
     if w.transport == "disk_delta":
         options = {**w.disk_delta.model_dump(), "root": w.disk_delta.root or str(run_dir / "weights")}
         if options["baseline"] is None and not any(hasattr(s.engine, "model") for s in engines.slots):
@@ -255,7 +256,7 @@ async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Any, fleet
     if resumed is not None:  # disk_delta: drop the abandoned future
         await transport.rewind(int(resumed.manifest["weight_version"]))
     # disk_delta: what the trainer exports must match its baseline, before training
-    await transport.preflight(await trainer.named_tensors())
+    await transport.preflight(await trainer.export_for_push())
     return transport
 
 

@@ -79,7 +79,7 @@ class TrainingRun:
 
     async def push_weights(self) -> int:
         t0 = time.perf_counter()
-        tensors = await self.parts.trainer.named_tensors()
+        tensors = await self.parts.trainer.export_for_push()  # rank 0's export stays there (Ray, broadcast)
         crash_points.crash_point("weight_publish", self.current_step)
         async with self.parts.engines.weights_held():  # no engine is re-admitted with older weights meanwhile
             self.last_push = await self.parts.transport.push(tensors, self.version)

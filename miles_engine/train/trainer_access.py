@@ -3,6 +3,11 @@
 The driver trains and pushes in turn, but an engine restarted mid-step asks for the current
 weights at any moment; a trainer whose ranks sit behind pipes (FSDP2) must not see two calls
 interleaved, so every call holds one lock and runs in a worker thread.
+
+Under ``placement.backend=ray`` with the broadcast transport, trainer rank 0 broadcasts its own
+export (:meth:`use_rank0_sender`): :meth:`export_for_push` then hands out rank 0's
+:class:`~miles_engine.cluster.weight_sender.Rank0Export` (specs only) and the last pushed
+weights stay on rank 0 until a restarted engine asks for them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ class TrainerAccess:
         self.backend = backend
         self._lock = threading.Lock()
         self._pushed: tuple[dict[str, Any], int] | None = None
+        self._rank0: Any = None  # Rank0Sender when trainer rank 0 broadcasts the weights itself
+        self._pushed_on_rank0: Any = None  # its Rank0Export last pushed
 
     @classmethod
     def create(cls, policy: Any, cfg: RecipeConfig, ranks: Any = None) -> TrainerAccess:
@@ -50,8 +57,34 @@ class TrainerAccess:
     async def named_tensors(self) -> list[tuple[str, Any]]:
         return await self._call(lambda: list(self.backend.named_tensors()))
 
-    def record_push(self, tensors: list[tuple[str, Any]], version: int) -> None:
+    def use_rank0_sender(self, control_timeout_s: float = 120.0) -> Any:
+        """Trainer rank 0 as the broadcast group's rank 0 (a Rank0Sender for the transport), when
+        its ranks are Ray actors; None otherwise (the driver stays rank 0)."""
+        weight_ranks = getattr(self.backend, "weight_ranks", None)
+        ranks = weight_ranks() if weight_ranks is not None else None
+        if ranks is None:
+            return None
+        from miles_engine.cluster.weight_sender import Rank0Sender
+
+        self._rank0 = Rank0Sender(ranks, control_timeout_s=control_timeout_s)
+        return self._rank0
+
+    async def export_for_push(self) -> Any:
+        """What a push sends: the trainer's tensors here, or (rank-0 sender) rank 0's export, kept there."""
+        if self._rank0 is None:
+            return await self.named_tensors()
+        from miles_engine.cluster.weight_sender import Rank0Export
+
+        version = self.weight_version
+        keep = self._pushed_on_rank0.version if self._pushed_on_rank0 is not None else None
+        specs = await self._call(self.backend.stage_export, version, keep)
+        return Rank0Export(version, specs, self._rank0)
+
+    def record_push(self, tensors: Any, version: int) -> None:
         """The weights every engine now serves (kept until the next push: the export already made them)."""
+        if hasattr(tensors, "fetch"):  # rank 0's export: it stays there
+            self._pushed, self._pushed_on_rank0 = None, tensors
+            return
         self._pushed = (dict(tensors), int(version))
 
     async def last_pushed(self) -> tuple[dict[str, Any], int]:
@@ -59,6 +92,8 @@ class TrainerAccess:
         trainer may be a step ahead; a delta transport applies its next version on top of these)."""
         if self._pushed is not None:
             return self._pushed
+        if self._pushed_on_rank0 is not None:  # the only time they cross to the driver
+            return await self._pushed_on_rank0.fetch(), self._pushed_on_rank0.version
         return await self._call(lambda: (dict(self.backend.named_tensors()), int(self.backend.weight_version)))
 
     async def state_dict(self) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from miles_engine.rollout.types import Group
 from miles_engine.trainer.config import TrainerConfig
 from miles_engine.trainer.protocol import TrainerBackend, TrainerError
 from miles_engine.trainer.rows import as_sft_rows, balance, split_groups, validate_groups
+from miles_engine.weights.rank0 import ExportStash
 
 
 def _dumps(obj: Any) -> bytes:
@@ -83,6 +84,7 @@ class RankWorker:
         else:
             dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout)
         self.rank = rank
+        self.exports = ExportStash()  # rank 0: exports kept for a broadcast from this process
         self.trainer = make(model, cfg, device) if make else TorchTrainer(model, cfg, device=device, comm=FSDP2(device))
 
     def info(self) -> dict[str, Any]:
@@ -98,6 +100,9 @@ class RankWorker:
         elif cmd == "named_tensors":
             tensors = dict(trainer.named_tensors(arg))  # a collective: every rank gathers
             out = _dumps(tensors) if self.rank == 0 else None
+        elif cmd == "stage_export":  # the export stays here (rank 0); the driver gets its specs
+            tensors = dict(trainer.named_tensors())
+            out = self.exports.stage(arg[0], tensors, keep=arg[1]) if self.rank == 0 else None
         elif cmd == "state_dict":
             state = trainer.state_dict()
             out = _dumps(state) if self.rank == 0 else None
@@ -287,6 +292,15 @@ class FSDPTrainer:
 
     def state_dict(self) -> dict[str, Any]:
         return _loads(self._send("state_dict", [None] * self.world_size))
+
+    def stage_export(self, version: int, keep: int | None = None) -> list[Any]:
+        """Rank 0 keeps its export under ``version`` (for a broadcast from rank 0) and, of the older
+        ones, only ``keep``; returns the tensors' (name, dtype, shape, bytes), not the tensors."""
+        return self._send("stage_export", [(version, keep)] * self.world_size)
+
+    def weight_ranks(self) -> Any:
+        """The ranks when rank 0 can broadcast the weights itself (Ray actors), else None."""
+        return self._ranks if hasattr(self._ranks, "weight_call") else None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         light = {k: v for k, v in state.items() if k not in ("model", "optimizer", "sft_optimizer")}

@@ -22,6 +22,11 @@ name on a new rendezvous port. Every wait is bounded (``control_timeout_s`` for 
 destroy, ``timeout_s`` for a join or a bucket): a push never hangs on a dead member, it fails
 with one :class:`WeightPushError` naming the engine. A push given a list (not a one-shot
 iterator) is retried once on a rebuilt group when an engine process was replaced during it.
+
+Who is rank 0 is the ``sender``'s business (:mod:`.sender`): this process by default
+(:class:`LocalSender`, the tensors given to :meth:`push`), or trainer rank 0's Ray actor
+(:class:`~miles_engine.cluster.weight_sender.Rank0Sender`, given rank 0's
+:class:`~miles_engine.cluster.weight_sender.Rank0Export`: its tensors never come here).
 """
 
 from __future__ import annotations
@@ -30,10 +35,11 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from miles_engine.weights.protocol import PushStats, WeightPushError, engine_name, engines_of, verify_versions, TransportBase
+from miles_engine.weights.sender import Bucket, LocalSender
 
 if TYPE_CHECKING:
     import torch
@@ -47,7 +53,7 @@ class BroadcastTransport(TransportBase):
     def __init__(self, engines: Any, *, bucket_bytes: int = 256 << 20, backend: str = "auto",
                  master_address: str = "127.0.0.1", group_name: str = "miles_weight_sync",
                  timeout_s: float = 600.0, pause_mode: str = "retract", flatten: bool | None = None,
-                 control_timeout_s: float = 120.0) -> None:
+                 control_timeout_s: float = 120.0, sender: Any = None) -> None:
         self.targets = engines
         if not engines_of(engines):
             raise ValueError("the broadcast transport needs at least one engine")
@@ -55,14 +61,13 @@ class BroadcastTransport(TransportBase):
             raise ValueError(f"bucket_bytes must be >= 1, got {bucket_bytes}")
         self.bucket_bytes = bucket_bytes
         self.backend = backend
-        self.master_address = master_address
+        self.sender = sender if sender is not None else LocalSender(master_address)
         self.group_name = group_name
         self.timeout_s = timeout_s
         self.control_timeout_s = control_timeout_s
         self.pause_mode = pause_mode
         self.flatten = flatten
-        self._group: Any = None
-        self._store: Any = None
+        self._group: Any = None  # rank 0's join (a future), once done
         self._engines: list[Any] = []
         self._generations: list[Any] = []  # each member's process generation when it joined
         self._epoch: Any = None  # the router's admission epoch when the group was built
@@ -105,20 +110,16 @@ class BroadcastTransport(TransportBase):
             log.warning("%s failed (tolerated) on %s", what, "; ".join(bad))
 
     async def _teardown(self, reason: str) -> None:
-        from miles_engine.weights import dist
-
-        old, gens, name, group = self._engines, self._generations, self._active_name, self._group
+        old, gens, name = self._engines, self._generations, self._active_name
         log.warning("weight-sync group %s: rebuilding, %s", name, reason)
         survivors = [e for e, g in zip(old, gens) if self._generation(e) == g]  # a replaced process lost it
         await self._bounded(survivors, lambda e: e.destroy_weights_update_group(name), "destroying the old "
                             "weight-sync group", tolerate=True)
-        dist.abort_group(group)
-        self._group = self._store = None
+        await self.sender.abort()
+        self._group = None
         self._engines, self._generations, self._broken = [], [], None
 
     async def _ensure_group(self) -> list[Any]:
-        from miles_engine.weights import dist
-
         engines = engines_of(self.targets)
         if self._group is not None or self._broken:
             change = self._change(engines)
@@ -131,19 +132,14 @@ class BroadcastTransport(TransportBase):
             if not hasattr(e, "init_weights_update_group"):
                 raise WeightPushError(f"{engine_name(e, i)} ({type(e).__name__}) cannot join a weight-sync group; "
                                       f"the broadcast transport needs HTTP engines (use 'colocated' in-process)")
-        self.backend = dist.resolve_backend(self.backend)
         world = len(engines) + 1
         name = self.group_name if not self.builds else f"{self.group_name}-{self.builds}"
         self.builds += 1
         self._active_name, self._engines = name, engines
         self._generations = [self._generation(e) for e in engines]
         self._epoch = getattr(self.targets, "epoch", None)
-        self._store = await asyncio.to_thread(dist.master_store, self.master_address, world, self.timeout_s)
-        port = self._store.port
-        group = dist.in_daemon_thread(
-            dist.new_group, self.backend, master_address=self.master_address, master_port=port, rank=0,
-            world_size=world, group_name=name, timeout_s=self.timeout_s, store=self._store)
-        joins = [asyncio.ensure_future(e.init_weights_update_group(self.master_address, port, i + 1, world,
+        address, port, self.backend, group = await self.sender.open(world, name, self.backend, self.timeout_s)
+        joins = [asyncio.ensure_future(e.init_weights_update_group(address, port, i + 1, world,
                                                                    group_name=name, backend=self.backend))
                  for i, e in enumerate(engines)]
         try:
@@ -153,10 +149,11 @@ class BroadcastTransport(TransportBase):
             self._engines = [engines[i] for i in joined]
             self._generations = [self._generations[i] for i in joined]
             raise
-        self._group = group.result()
+        self._group = group
         if self.flatten is None:
             self.flatten = all(getattr(e, "is_miles_server", False) for e in engines)
-        log.info("weight-sync group %s: %d engines, %s, port %d", name, len(engines), self.backend, port)
+        log.info("weight-sync group %s: %d engines, %s, rank 0 in %s at %s:%d", name, len(engines), self.backend,
+                 self.sender.where, address, port)
         return engines
 
     async def _await_with(self, local: asyncio.Future[Any], remote: list[asyncio.Future[Any]], what: str,
@@ -172,7 +169,7 @@ class BroadcastTransport(TransportBase):
             if not done and pending:
                 late = [engine_name(self._engines_or(i), i) for i, f in enumerate(remote) if f in pending]
                 self._broken = (f"{what} timed out after {self.timeout_s:g}s waiting for "
-                                + (", ".join(late) if late else "this process"))
+                                + (", ".join(late) if late else self.sender.where))
                 for other in remote:
                     other.cancel()
                 raise WeightPushError(self._broken + "; the next push rebuilds the weight-sync group")
@@ -181,7 +178,7 @@ class BroadcastTransport(TransportBase):
                 continue
             fut = failed[0]
             idx = remote.index(fut) if fut in remote else -1
-            who = "this process" if idx < 0 else engine_name(self._engines_or(idx), idx)
+            who = self.sender.where if idx < 0 else engine_name(self._engines_or(idx), idx)
             msg = f"{what} failed on {who}: {fut.exception()}"
             if idx >= 0 and not local.done() and grace_s:  # an engine drains a bucket before refusing it
                 await asyncio.wait({local}, timeout=grace_s)
@@ -198,38 +195,10 @@ class BroadcastTransport(TransportBase):
         return engines[idx]
 
     # ------------------------------------------------------------------ push
-    def _buckets(self, named: Iterable[tuple[str, torch.Tensor]]) -> Iterator[list[tuple[str, torch.Tensor]]]:
-        bucket: list[tuple[str, torch.Tensor]] = []
-        size = 0
-        for name, t in named:
-            n = t.numel() * t.element_size()
-            if bucket and size + n > self.bucket_bytes:
-                yield bucket
-                bucket, size = [], 0
-            bucket.append((name, t))
-            size += n
-        if bucket:
-            yield bucket
-
-    async def _send(self, engines: list[Any], bucket: list[tuple[str, torch.Tensor]], version: int,
-                    last: bool, push_id: str | None = None) -> None:
-        from miles_engine.weights import dist, tensors
-
-        device = dist.comm_device(self.backend)
-        names = [n for n, _ in bucket]
-        dtypes = [tensors.dtype_name(t.dtype) for _, t in bucket]
-        shapes = [list(t.shape) for _, t in bucket]
-        if self.flatten:
-            flat = tensors.pack([t for _, t in bucket], device)
-
-            def work() -> None:
-                dist.broadcast(self._group, flat)
-        else:
-            moved = [t.to(device).contiguous() for _, t in bucket]
-
-            def work() -> None:
-                for t in moved:
-                    dist.broadcast(self._group, t)
+    async def _send(self, engines: list[Any], bucket: Bucket, version: int, last: bool,
+                    push_id: str | None = None) -> None:
+        names, dtypes, shapes = bucket.names, bucket.dtypes, bucket.shapes
+        local = self.sender.broadcast(bucket, bool(self.flatten), self.timeout_s)
         # staged (flat) buckets carry the version as their staging key; SGLang-style buckets load at
         # once, so only the last one moves the version (a push that fails midway never claims it)
         remote = [asyncio.ensure_future(e.update_weights_from_distributed(
@@ -239,10 +208,12 @@ class BroadcastTransport(TransportBase):
             push_id=push_id if self.flatten else None,
             **({} if g is None else {"generation": g})))  # a replaced process refuses at once
             for e, g in zip(engines, self._generations)]
-        await self._await_with(dist.in_daemon_thread(work), remote, "a weight bucket broadcast",
+        await self._await_with(local, remote, "a weight bucket broadcast",
                                grace_s=self.refusal_grace_s)
 
     async def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushStats:
+        replayable = isinstance(named_tensors, (list, tuple)) or getattr(named_tensors, "replayable", False)
+
         def fleet() -> list[tuple[int, Any]]:
             return [(getattr(self.targets, "epoch", None), 0),
                     *((id(e), self._generation(e)) for e in engines_of(self.targets))]
@@ -250,14 +221,14 @@ class BroadcastTransport(TransportBase):
         before = fleet()
         try:
             stats = await self._push(named_tensors, version)
-            if isinstance(named_tensors, (list, tuple)) and await self._replaced_after(before, fleet, version):
+            if replayable and await self._replaced_after(before, fleet, version):
                 # it took the push, then died: its replacement restored the previous push (not yet recorded)
                 log.warning("broadcast push of version %d: an engine process was replaced after it took the push; "
                             "pushing again on a rebuilt group", version)
                 return await self._push(named_tensors, version)
             return stats
         except WeightPushError as exc:
-            if not isinstance(named_tensors, (list, tuple)):
+            if not replayable:
                 raise
             supervised = [e for e in engines_of(self.targets) if self._generation(e) is not None]
             # a supervised engine that lost its process answers once it is back (bounded)
@@ -282,28 +253,26 @@ class BroadcastTransport(TransportBase):
         return bool(moved) or any(int(e.weight_version) != version for e in supervised)
 
     async def _push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushStats:
-        from miles_engine.weights.tensors import conform
-
         started = time.perf_counter()
         engines = await self._ensure_group()
         meta = engines[0].weight_metadata()
-        stats = PushStats(version=version, engines=len(engines))
+        stats = PushStats(version=version, engines=len(engines), sender_rank0=not self.sender.held_by_driver)
         pushed: set[str] = set()
         paused = time.perf_counter()
         await self._bounded(engines, lambda e: e.pause(self.pause_mode), "pausing the engines")
         sent = 0
         push_id = uuid.uuid4().hex
         try:
-            ready: list[tuple[str, torch.Tensor]] | None = None
-            for bucket in self._buckets(conform(named_tensors, meta, "broadcast push")):
+            ready: Bucket | None = None
+            async for bucket in self.sender.buckets(named_tensors, meta, self.bucket_bytes):
                 if ready is not None:
                     await self._send(engines, ready, version, last=False, push_id=push_id)
                     sent += 1
                 ready = bucket
                 stats.buckets += 1
-                stats.tensors += len(bucket)
-                stats.bytes += sum(t.numel() * t.element_size() for _, t in bucket)
-                pushed.update(n for n, _ in bucket)
+                stats.tensors += len(bucket.names)
+                stats.bytes += bucket.nbytes
+                pushed.update(bucket.names)
             if ready is None:
                 raise WeightPushError(f"push of version {version} carries no tensors")
             await self._send(engines, ready, version, last=True, push_id=push_id)
@@ -317,18 +286,17 @@ class BroadcastTransport(TransportBase):
             await self._bounded(engines, lambda e: e.resume(), "resuming the engines", tolerate=True)
             stats.pause_s = time.perf_counter() - paused
         stats.missing = len({m.name for m in meta} - pushed)
+        stats.driver_bytes = stats.bytes if self.sender.held_by_driver else 0
         await verify_versions(engines, version)
         stats.push_s = time.perf_counter() - started
         return stats
 
     async def close(self) -> None:
-        from miles_engine.weights import dist
-
         if self._group is not None and not self._broken:
             name = self._active_name
             live = [e for e, g in zip(self._engines, self._generations) if self._generation(e) == g]
             await self._bounded(live, lambda e: e.destroy_weights_update_group(name), "destroying the "
                                 "weight-sync group", tolerate=True)
-        dist.abort_group(self._group)
-        self._group = self._store = None
+        await self.sender.abort()
+        self._group = None
         self._engines, self._generations = [], []

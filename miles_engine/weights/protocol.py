@@ -35,12 +35,15 @@ class PushStats:
     missing: int = 0  # engine tensors this push did not carry (tied weights are fine)
     tensors_checked: int = 0  # (engine, tensor) pairs compared by check_update_equal (0: check off)
     check_s: float = 0.0  # check_update_equal: random fill (first push) + read back + compare
+    sender_rank0: bool | None = None  # broadcast: trainer rank 0 sent the bytes (False: this process did)
+    driver_bytes: int | None = None  # broadcast: bytes of the pushed tensors that passed through this process
 
     def metrics(self, prefix: str = "weights") -> dict[str, float]:
         """``weights/version``, ``weights/bytes_pushed``, ``weights/pause_s``, ``weights/push_s``, ...
-        (``weights/check_s`` and ``weights/tensors_checked`` only when the push was checked)."""
+        (``weights/check_s`` and ``weights/tensors_checked`` only when the push was checked;
+        ``weights/sender_rank0`` and ``weights/driver_bytes`` from the broadcast transport)."""
         names = {"bytes": "bytes_pushed"}
-        fields = asdict(self)
+        fields = {k: v for k, v in asdict(self).items() if v is not None}
         if not self.tensors_checked:
             fields.pop("tensors_checked")
             fields.pop("check_s")

@@ -1,9 +1,9 @@
 """tiny-terminal with ``placement.backend=ray`` on a private one-node cluster (2 CPUs, loopback
 only): two ``server`` engines and the trainer rank are Ray actors; weights are broadcast (gloo)
-and checked tensor by tensor after every push. In the learning run the episodes go through a
-session-server actor (``placement.ray.session_servers=1``). Mid-run one engine actor is
-SIGKILLed: a fresh actor takes its bundle with the current weights (its new address reaches the
-session-server actor), and every group is accounted for. While it
+and checked tensor by tensor after every push; trainer rank 0's actor broadcasts them. In the
+learning run the episodes go through a session-server actor (``placement.ray.session_servers=1``).
+Mid-run one engine actor is SIGKILLed: a fresh actor takes its bundle with the current weights
+(its new address reaches the session-server actor), and every group is accounted for. While it
 runs, every listening socket of the run's processes (driver, Ray's head, the actors, the
 engine servers) is on loopback; afterwards none of those processes remains.
 
@@ -148,6 +148,9 @@ def test_ray_placement_learns_and_survives_an_engine_actor_kill(warm_run: Path, 
     assert last["ray/session_servers"] == 1 and last["session_servers/turns"] > 0
     assert "runners/episodes_lost" not in last and not any(k.startswith("ray/restarts/runner") for k in last)
     assert not any(k.startswith("ray/restarts/session-server") for k in last)
+    # broadcast from trainer rank 0's actor: no pushed tensor passed through the driver, even after the restart
+    pushes = [r for r in train if "weights/sender_rank0" in r]
+    assert pushes and all(r["weights/sender_rank0"] == 1 and r["weights/driver_bytes"] == 0 for r in pushes)
     after = [r for r in train if r["engines/server-0/restarts"] >= 1]
     assert after and all(r["weights/tensors_checked"] > 0 and r["weights/engines"] == 2 for r in after[1:])
     assert sum(r["engines/server-0/requests"] for r in after) > 0  # the replacement actor served

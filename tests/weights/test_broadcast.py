@@ -16,6 +16,7 @@ from miles_engine.engines.http.client import HttpEngine
 from miles_engine.engines.launch import ServerProcess
 from miles_engine.engines.protocol import GenerateRequest, SamplingParams
 from miles_engine.weights import WeightPushError, create_transport, verify_versions
+from miles_engine.weights.sender import Bucket
 from miles_engine.weights.tensors import digests
 from tests.rollout.helpers import run
 from tests.weights.helpers import TINY_QWEN3, differing, trainer_model
@@ -77,7 +78,8 @@ def test_broadcast_push_verified_tensor_by_tensor(server):
         assert await engine.fetch_weight_version() == 2
         transport.flatten = True  # our layout stages buckets: a failed push changes nothing
         with pytest.raises(WeightPushError, match="unknown tensor 'model.nrom.weight'"):
-            await transport._send([engine], [("model.nrom.weight", torch.zeros(32))], 3, last=True)
+            bucket = Bucket(["model.nrom.weight"], ["float32"], [[32]], 128, [torch.zeros(32)])
+            await transport._send([engine], bucket, 3, last=True)
         before = await engine.weight_checksums()
         with pytest.raises(WeightPushError, match="shape") as err:
             await transport.push({n: p * 3 for n, p in bad.items()}.items(), version=3)

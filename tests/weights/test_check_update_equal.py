@@ -14,10 +14,10 @@ from miles_engine.engines.embedded.engine import EmbeddedEngine
 from miles_engine.train.config import WeightsConfig
 from miles_engine.weights import PushStats, WeightPushError, create_transport
 from miles_engine.weights.check import CheckOptions, CheckTolerance
-from miles_engine.weights.check.compare import max_abs_diff, random_fill, same_bytes
+from miles_engine.weights.check.compare import max_abs_diff, random_fill_as, same_bytes
 from miles_engine.weights.check import WeightCheckError
 from miles_engine.weights.check.transport import CheckedTransport
-from miles_engine.weights.tensors import digests
+from miles_engine.weights.tensors import digest, digests
 from tests.rollout.helpers import run
 from tests.weights.check_helpers import Alter, SkipOne, truncate_to_bf16
 from tests.weights.helpers import TINY_QWEN3, differing, trainer_model
@@ -160,7 +160,7 @@ def test_comparison_rules():
     for exact in (torch.tensor(True), torch.tensor([False]), torch.tensor(3, dtype=torch.int8),
                   torch.zeros(2, dtype=torch.bfloat16), torch.randn(5, 7)):
         for _ in range(20):  # the fill never equals the trainer's bytes, even for one-element tensors
-            fill = random_fill(exact, gen)
+            fill = random_fill_as(exact.dtype, tuple(exact.shape), gen, digest(exact))
             assert fill.dtype == exact.dtype and fill.shape == exact.shape and not same_bytes(fill, exact)
 
 

@@ -73,9 +73,17 @@ def compare(name: str, engine: torch.Tensor, trainer: torch.Tensor, exact: torch
     return Mismatch(name, "differs", diff)
 
 
-def random_fill(exact: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Random data of ``exact``'s dtype and shape whose bytes differ from ``exact``'s (unless empty)."""
-    dtype, shape = exact.dtype, tuple(exact.shape)
+def random_fill_as(dtype: torch.dtype, shape: tuple[int, ...], generator: torch.Generator,
+                   avoid_digest: str | None) -> torch.Tensor:
+    """Random data of ``dtype`` and ``shape`` whose digest is not ``avoid_digest`` (the trainer's
+    tensor as the engine holds it, known by its digest only when it sits on trainer rank 0)."""
+    fill = _random(dtype, tuple(shape), generator)
+    if fill.numel() and avoid_digest is not None and digest(fill) == avoid_digest:  # a tiny tensor drew it: flip
+        fill = ~fill if dtype == torch.bool else (_bytes(fill) ^ 0xFF).view(dtype).reshape(fill.shape).clone()
+    return fill
+
+
+def _random(dtype: torch.dtype, shape: tuple[int, ...], generator: torch.Generator) -> torch.Tensor:
     if dtype.is_floating_point:
         fill = torch.randn(shape, generator=generator, dtype=torch.float32).to(dtype)
     elif dtype == torch.bool:
@@ -86,9 +94,5 @@ def random_fill(exact: torch.Tensor, generator: torch.Generator) -> torch.Tensor
         info = torch.iinfo(dtype)
         fill = torch.randint(max(info.min, -(1 << 31)), min(info.max, (1 << 31) - 1), shape,
                              generator=generator, dtype=torch.int64).to(dtype)
-    if exact.numel() and same_bytes(fill, exact):  # a tiny tensor can draw the trainer's values: flip them
-        if dtype == torch.bool:
-            fill = ~exact.to("cpu")
-        else:
-            fill = (_bytes(exact) ^ 0xFF).view(dtype).reshape(shape).clone()
     return fill
+

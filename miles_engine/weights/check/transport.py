@@ -11,7 +11,9 @@ engine's tensors back (:mod:`.readback`) and compare them with the trainer's cop
 checked, not only the first: a delta transport's later versions carry other tensors.
 
 The trainer's tensors are held (by reference) until the check ends, so a generator of freshly
-gathered tensors costs one model copy more while checking.
+gathered tensors costs one model copy more while checking. Given trainer rank 0's export (a
+broadcast from rank 0, :mod:`.exported`) the trainer's digests are computed on rank 0 and only
+the tensors of a failed comparison come to this process, to name what differs and by how much.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from miles_engine.weights.check.options import CheckOptions
 from miles_engine.weights.check.errors import WeightCheckError
+from miles_engine.weights.check.exported import as_export, engine_dtypes
 from miles_engine.weights.check.readback import EngineReader, reader_for
 from miles_engine.weights.protocol import PushStats, WeightPushError, engine_version, engines_of
 
@@ -73,23 +76,25 @@ class CheckedTransport:
             out[n] = as_engine_dtype(t, getattr(torch, m.dtype) if m is not None else t.dtype)
         return out
 
-    async def _fill(self, engine: Any, named: Mapping[str, torch.Tensor]) -> None:
+    async def _fill(self, engine: Any, export: Any) -> None:
         import torch
 
-        from miles_engine.weights.check.compare import random_fill
+        from miles_engine.weights.check.compare import random_fill_as
         from miles_engine.weights.tensors import digest
 
         meta = {m.name: m for m in engine.weight_metadata()}
+        dtypes = engine_dtypes(export.specs, meta)
+        avoid = await export.digests(dtypes)  # a fill never equals the trainer's bytes
         seed = secrets.randbits(63)  # never a seed the trainer's own init could share
         gen = torch.Generator().manual_seed(seed)
         version = await engine_version(engine)
         fills: dict[str, str] = {}
         chunk: dict[str, torch.Tensor] = {}
         size = 0
-        for name, exact in (await asyncio.to_thread(self._exact, named, meta)).items():
+        for name, _, shape, _ in export.specs:
             if name not in meta and meta:
                 continue  # the transport itself refuses an unknown name, naming it
-            fill = await asyncio.to_thread(random_fill, exact, gen)
+            fill = await asyncio.to_thread(random_fill_as, getattr(torch, dtypes[name]), shape, gen, avoid[name])
             fills[name] = await asyncio.to_thread(digest, fill)
             chunk[name] = fill
             size += fill.numel() * fill.element_size()
@@ -110,22 +115,21 @@ class CheckedTransport:
         await asyncio.gather(*(e.pause(mode) for e in engines), return_exceptions=quiet)
 
     async def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushStats:
-        named_list = list(named_tensors)
-        named = dict(named_list)
+        export = as_export(named_tensors)
         t0 = time.perf_counter()
         fill_s = 0.0
         if not self.filled:
             if not self._preflighted:
                 # disk_delta's default baseline is the engine's initial weights: open it before the fill
-                await self.preflight(named_list)
+                await self.preflight(export.pushable)
             engines = engines_of(self.targets)
             await self._pause(engines)
             try:
                 for engine in engines:
-                    await self._fill(engine, named)
+                    await self._fill(engine, export)
                 self.filled = True
                 fill_s = time.perf_counter() - t0
-                stats = await self.inner.push(named_list, version)
+                stats = await self.inner.push(export.pushable, version)
             except Exception as exc:
                 await self._pause(engines, quiet=True)  # they may hold noise under their old version: nothing samples it
                 raise WeightPushError(f"{exc} — weights.check_update_equal had filled the engines with random data "
@@ -133,27 +137,27 @@ class CheckedTransport:
                                       f"trainer's weights) until a push succeeds") from exc
             await asyncio.gather(*(e.resume() for e in engines))  # a transport that never pauses leaves them paused
         else:
-            stats = await self.inner.push(named_list, version)
+            stats = await self.inner.push(export.pushable, version)
         t1 = time.perf_counter()
         try:
-            stats.tensors_checked = await self.check(named, version)
+            stats.tensors_checked = await self.check(export, version)
         except WeightCheckError:
             await self._pause(engines_of(self.targets), quiet=True)
             raise
         stats.check_s = fill_s + time.perf_counter() - t1
+        if stats.driver_bytes is not None:  # a failed comparison's tensors came here to be described
+            stats.driver_bytes += export.fetched_bytes
         return stats
 
     # ------------------------------------------------------------------ check
-    async def _check_engine(self, reader: EngineReader, named: Mapping[str, torch.Tensor]) -> list[str]:
+    async def _check_engine(self, reader: EngineReader, export: Any) -> list[str]:
         from miles_engine.weights.check.compare import Mismatch, compare
-        from miles_engine.weights.tensors import digest
 
         meta = {m.name: m for m in reader.engine.weight_metadata()}
-        exact = await asyncio.to_thread(self._exact, named, meta)
-        names = list(named)
+        names = export.names
         sums = await reader.digests(names)
         if sums is not None:
-            want = await asyncio.to_thread(lambda: {n: digest(t) for n, t in exact.items()})
+            want = await export.digests(engine_dtypes(export.specs, meta))
             suspects = [n for n in names if sums.get(n) != want[n]]
         else:
             suspects = names
@@ -162,9 +166,10 @@ class CheckedTransport:
         present = [n for n in suspects if not meta or n in meta]
         if not meta:  # a server that publishes no metadata (real SGLang): the trainer's shapes and dtypes
             from miles_engine.engines.protocol import TensorMeta
-            from miles_engine.weights.tensors import dtype_name
 
-            meta = {n: TensorMeta(n, dtype_name(t.dtype), tuple(t.shape)) for n, t in named.items()}
+            meta = {n: TensorMeta(n, dtype, tuple(shape)) for n, dtype, shape, _ in export.specs}
+        named = await export.fetch(present) if present else {}
+        exact = await asyncio.to_thread(self._exact, named, meta)
         values = await reader.tensors(present, meta)
         fills = self._fills.get(id(reader.engine), {})
         tol = self.options.tolerance
@@ -184,12 +189,15 @@ class CheckedTransport:
         problems += await asyncio.to_thread(run)
         return [p.describe() for p in problems]
 
-    async def check(self, named: Mapping[str, torch.Tensor], version: int) -> int:
-        """Compare every exported tensor on every engine; raise :class:`WeightCheckError` naming each
-        one that differs. Returns how many (engine, tensor) pairs were checked."""
+    async def check(self, named: Any, version: int) -> int:
+        """Compare every exported tensor (a mapping, or rank 0's export) on every engine; raise
+        :class:`WeightCheckError` naming each one that differs. Returns how many (engine, tensor)
+        pairs were checked."""
+        export = as_export(named)
+        named = export.names
         engines = engines_of(self.targets)
         readers = [reader_for(e, i) for i, e in enumerate(engines)]
-        found = await asyncio.gather(*(self._check_engine(r, named) for r in readers))
+        found = await asyncio.gather(*(self._check_engine(r, export) for r in readers))
         bad = [(r, p) for r, p in zip(readers, found) if p]
         if bad:
             show = self.options.show or max(len(p) for _, p in bad)
