@@ -177,14 +177,8 @@ class RayEpisodeRunners:
         refs = [s.actor.close.remote() for s in self.slots]
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.gather(*refs, return_exceptions=True), 30)
-        for s in self.slots:
-            with contextlib.suppress(Exception):
-                ray.kill(s.actor, no_restart=True)
-            self.cluster.forget(s.actor)
-        self.slots = []
-        if self._group is not None:
-            self.cluster.remove_group(self._group)
-            self._group = None
+        self.cluster.dismiss([s.actor for s in self.slots], self._group)
+        self.slots, self._group = [], None
 
     # ------------------------------------------------------------------ run_trajectory
     async def __call__(self, ref: Any, attempt: int) -> Any:

@@ -170,6 +170,17 @@ class RayCluster:
         with contextlib.suppress(ValueError):
             self._actors.remove(actor)
 
+    def dismiss(self, actors: Any, group: Any = None) -> None:
+        """Kill these actors (no restart), stop tracking them and remove their placement group."""
+        for actor in actors:
+            if actor is None:
+                continue
+            with contextlib.suppress(Exception):
+                self.ray.kill(actor, no_restart=True)
+            self.forget(actor)
+        if group is not None:
+            self.remove_group(group)
+
     def metrics(self) -> dict[str, float]:
         out = {"ray/actors": float(len(self._actors)), "ray/placement_groups": float(len(self._groups))}
         out.update({f"ray/restarts/{k}": float(v) for k, v in self.restarts.items()})

@@ -292,14 +292,8 @@ class RaySessionServers:
         with contextlib.suppress(Exception):
             await asyncio.wait_for(asyncio.gather(*(s.actor.stop.remote() for s in self.slots if s.actor),
                                                   return_exceptions=True), 15)
-        for s in self.slots:
-            with contextlib.suppress(Exception):
-                ray.kill(s.actor, no_restart=True)
-            self.cluster.forget(s.actor)
-        self.slots = []
-        if self._group is not None:
-            self.cluster.remove_group(self._group)
-            self._group = None
+        self.cluster.dismiss([s.actor for s in self.slots], self._group)
+        self.slots, self._group = [], None
 
 
 def _cause(exc: BaseException) -> str:

@@ -118,8 +118,4 @@ class RayRanks:
         ray = self.cluster.ray
         if not ray.is_initialized():
             return
-        for actor in self.actors:
-            with contextlib.suppress(Exception):
-                ray.kill(actor, no_restart=True)
-            self.cluster.forget(actor)
-        self.cluster.remove_group(self.group)
+        self.cluster.dismiss(self.actors, self.group)
