@@ -4,8 +4,9 @@
 
 tiny-terminal with 2 ``server`` engines and broadcast weights, resumed from one SFT warm start,
 with ``placement.backend=local`` (engines and the trainer rank as subprocesses) vs ``ray`` (the
-same processes as Ray actors on a private loopback cluster of this machine's CPUs), the two
-interleaved over ``--repeats`` rounds. Columns: start-up and teardown overhead (the process's
+same processes as Ray actors on a private loopback cluster of this machine's CPUs; trainer rank 0
+broadcasts the weights) and ``ray+ss`` (also one TITO session-server actor), interleaved over
+``--repeats`` rounds. Columns: start-up and teardown overhead (the process's
 wall time minus the RL steps' own time: joining / starting the cluster, placement groups,
 actors, engines, the first push) and steady samples/s (the steps after the first two).
 """
@@ -32,6 +33,10 @@ PLACEMENTS = {
     "local": ["placement.backend=local"],
     "ray": ["placement.backend=ray", "placement.ray.engine_resources={CPU: 0.5}", "placement.ray.trainer_resources={CPU: 0.5}",
             "placement.ray.runner_resources={CPU: 0.25}"],
+    # the episodes' turns through a session-server actor instead of the driver's server
+    "ray+ss": ["placement.backend=ray", "placement.ray.engine_resources={CPU: 0.5}",
+               "placement.ray.trainer_resources={CPU: 0.5}", "placement.ray.runner_resources={CPU: 0.2}",
+               "placement.ray.session_servers=1", "placement.ray.session_server_resources={CPU: 0.1}"],
 }
 
 
