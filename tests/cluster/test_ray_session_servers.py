@@ -138,8 +138,7 @@ def test_episodes_through_a_session_server_actor_are_exact_and_follow_the_driver
                 router._quarantine(router.slots[1], "quarantined by the driver (test)")
                 await _until(lambda: servers.view.engines[1].admitted is False, "the driver's view changed")
                 serial = servers.view.serial
-                stats = await slot.actor.stats.remote()
-                assert stats["serial"] == serial and stats["admitted"] == ["e0"]
+                assert (await _caught_up(slot.actor, serial))["admitted"] == ["e0"]
                 before = {n: len(e.results) for n, e in engines.items()}
                 assert all(t.status == "ok" for t in await episodes(4, pool))
                 assert len(engines["e1"].results) == before["e1"]  # never routed to the quarantined engine
@@ -147,13 +146,23 @@ def test_episodes_through_a_session_server_actor_are_exact_and_follow_the_driver
 
                 await router._readmit(router.slots[1])
                 assert router.slots[1].healthy
-                await _until(lambda: servers.view.serial > serial, "the re-admission pushed")
-                assert (await slot.actor.stats.remote())["admitted"] == ["e0", "e1"]
+                await _until(lambda: servers.view.engines[1].admitted, "the re-admission reached the driver's view")
+                assert (await _caught_up(slot.actor, servers.view.serial))["admitted"] == ["e0", "e1"]
                 assert servers.metrics()["ray/session_servers"] == 1
             finally:
                 await _close(cluster, servers, pool)
 
     asyncio.run(main())
+
+
+async def _caught_up(actor, serial: int, polls: int = 300) -> dict:
+    """The actor's stats once the driver's view ``serial`` reached it (the push is an async Ray call)."""
+    for _ in range(polls):  # a safety stop only
+        stats = await actor.stats.remote()
+        if stats["serial"] >= serial:
+            return stats
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the session-server actor never received view {serial}: {stats}")
 
 
 def test_a_killed_session_server_actor_is_replaced_and_its_episodes_run_again(cluster) -> None:  # noqa: F811

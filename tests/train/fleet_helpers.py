@@ -59,15 +59,20 @@ def resume_with(warm: Path, dest: Path, overrides: list[str], *, while_running=N
     return dest
 
 
-def assert_learns(run: Path, *, restart_steps: int = 0) -> list[dict]:
-    """``restart_steps``: steps during which one engine may be down (killed, being restarted: an
-    actor on a loaded box can take a few steps to come back); 0: both engines up at every step."""
+def assert_learns(run: Path, *, one_outage: bool = False) -> list[dict]:
+    """``one_outage``: one engine may be down for one stretch of steps (killed, then restarted: a
+    restart takes wall-clock seconds, however many steps that is on this box) and must be back
+    before the last step; otherwise both engines are up at every step."""
     train = [r for r in metric_rows(run) if r["step"] > 1]  # the RL steps on the fleet
     assert len(train) == 30
     ma = moving_average([r["reward/mean"] for r in train])
     assert max(ma) - ma[0] >= 0.3, f"3-step moving average did not rise by 0.3 on the fleet: {ma}"
     down = [r["step"] for r in train if r["engines/healthy"] != 2 or r["weights/engines"] != 2]
-    assert len(down) <= restart_steps, f"steps with an engine down: {down}"
+    if one_outage and down:
+        assert down == list(range(down[0], down[-1] + 1)), f"more than one outage: steps {down}"
+        assert down[-1] < train[-1]["step"], f"the engine never came back: down from step {down[0]} to the end"
+    else:
+        assert not down, f"steps with an engine down: {down}"
     # the router spread the episodes over both engine processes
     assert sum(r["engines/server-0/requests"] for r in train) > 0 < sum(r["engines/server-1/requests"] for r in train)
     assert max(r["weights/version"] for r in train) > train[0]["weights/version"]

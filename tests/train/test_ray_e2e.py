@@ -139,7 +139,7 @@ def test_ray_placement_learns_and_survives_an_engine_actor_kill(warm_run: Path, 
     assert not watcher.exposed, watcher.exposed
     assert len(watcher.seen) >= 5  # driver, Ray's head processes, the actors, the engine servers
 
-    train = assert_learns(run, restart_steps=6)
+    train = assert_learns(run, one_outage=True)
     assert_accounted(run, train)
     last = train[-1]
     assert last["engines/server-0/restarts"] >= 1 and last["ray/restarts/server-0"] >= 1
