@@ -6,6 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 
+# uv installs packages without bytecode; where the environment also sets PYTHONDONTWRITEBYTECODE
+# (common in container images) every Python process (CLI, trainer rank, engine server, Ray
+# worker) compiled torch/transformers/ray sources again at import: ~4 s of CPU each, thousands
+# of times in the test suite. Unset, each module is compiled once into .venv and reused.
+unset PYTHONDONTWRITEBYTECODE
+
 PYTHON=${PYTHON:-python3.11}
 command -v "$PYTHON" >/dev/null 2>&1 || PYTHON=python3
 VENV=${MILES_VENV:-.venv}

@@ -7,19 +7,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+from tests.train.learning import assert_held_out_rise
+
 MILES = [sys.executable, "-m", "miles_engine.cli.main", "train"]
 FLEET = ["engines=[{kind: server, replicas: 2}]", "run.max_minutes=null", "metrics.progress=false",
          "fleet.health_interval_s=0.5"]
-
-
-def moving_average(values: list[float], k: int = 3) -> list[float]:
-    return [statistics.fmean(values[i:i + k]) for i in range(len(values) - k + 1)]
 
 
 def train_cli(args: list[str], timeout: float = 540) -> subprocess.CompletedProcess[str]:
@@ -60,13 +57,14 @@ def resume_with(warm: Path, dest: Path, overrides: list[str], *, while_running=N
 
 
 def assert_learns(run: Path, *, one_outage: bool = False) -> list[dict]:
-    """``one_outage``: one engine may be down for one stretch of steps (killed, then restarted: a
+    """Learned (tests/train/learning.py: held-out evaluations at the first and last steps, which
+    the run must have been given, e.g. with EVAL_FIRST_AND_LAST); the router used both engines.
+    ``one_outage``: one engine may be down for one stretch of steps (killed, then restarted: a
     restart takes wall-clock seconds, however many steps that is on this box) and must be back
     before the last step; otherwise both engines are up at every step."""
     train = [r for r in metric_rows(run) if r["step"] > 1]  # the RL steps on the fleet
     assert len(train) == 30
-    ma = moving_average([r["reward/mean"] for r in train])
-    assert max(ma) - ma[0] >= 0.3, f"3-step moving average did not rise by 0.3 on the fleet: {ma}"
+    assert_held_out_rise(run, train, " on the fleet")
     down = [r["step"] for r in train if r["engines/healthy"] != 2 or r["weights/engines"] != 2]
     if one_outage and down:
         assert down == list(range(down[0], down[-1] + 1)), f"more than one outage: steps {down}"

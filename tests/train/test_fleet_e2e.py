@@ -41,8 +41,7 @@ def test_two_server_engines_learn(warm_run: Path, tmp_path: Path, transport: str
 
 
 def assert_dedicated_eval(run: Path, train: list[dict]) -> None:
-    from miles_engine.evaluation import stats
-    from miles_engine.evaluation.runner import per_task_values, read_records
+    from miles_engine.evaluation.runner import read_records
 
     evals = {r["step"]: r for r in metric_rows(run, "eval")}
     assert sorted(evals) == [1, 10, 20, 30]  # the resumed step (eval.at_start), then the multiples of 10
@@ -57,8 +56,7 @@ def assert_dedicated_eval(run: Path, train: list[dict]) -> None:
                for g in json.loads(line)["groups"]}
     assert len(held_out) == 32 and not held_out & trained
     assert (run / "eval" / "engines" / "eval-0").is_dir()  # the eval engine process's own state
-    diff = stats.paired_difference(per_task_values(records[30]), per_task_values(records[1]))
-    assert diff.low > 0, (diff, {s: round(evals[s]["eval/reward"], 3) for s in evals})
+    # that the held-out reward rose from step 1 to 30: assert_learns
 
 
 def _engine_pid(run: Path, name: str) -> int | None:

@@ -7,7 +7,8 @@ Mid-run one engine actor is SIGKILLed: a fresh actor takes its bundle with the c
 runs, every listening socket of the run's processes (driver, Ray's head, the actors, the
 engine servers) is on loopback; afterwards none of those processes remains.
 
-Resumes the session's warm run (tests/train/conftest.py) for 30 RL steps; bounded by steps.
+Resumes the session's warm run (tests/train/conftest.py) for 30 RL steps; bounded by steps. Learning
+is judged on held-out drills evaluated at the first and last steps (tests/train/learning.py).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.train.fleet_helpers import FLEET, MILES, assert_accounted, assert_learns, metric_rows
+from tests.train.learning import EVAL_FIRST_AND_LAST
 
 psutil = pytest.importorskip("psutil")
 pytest.importorskip("ray")  # the `ray` extra; ./dev.sh test installs it
@@ -129,7 +131,7 @@ def test_ray_placement_learns_and_survives_an_engine_actor_kill(warm_run: Path, 
     temp = Path(tempfile.mkdtemp(prefix="mr-", dir="/tmp"))  # short: Ray's socket paths stay < 108 bytes
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     driver = subprocess.Popen([*MILES, "--resume", str(run), *FLEET, "run.steps=31", *RAY, *SESSION_ACTOR,
-                               f"placement.ray.temp_dir={temp}"],
+                               *EVAL_FIRST_AND_LAST, f"placement.ray.temp_dir={temp}"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     watcher = RunWatcher(driver, run)
     out = finish_watched(driver, watcher)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from miles_sandbox_docker.options import DockerSandboxOptions
+
 collect_ignore = ["tasks"]  # task fixtures: their tests/ run inside containers, not here
 FAKE = Path(__file__).with_name("fake_docker.py")
 MARK = b"FAKE_DOCKER_CONTAINER="
@@ -136,3 +138,16 @@ def fake_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeDocker
         fake = make_fake(tmp_path_factory.mktemp("fake-docker"))
         yield fake
         fake.kill_all()
+
+
+@pytest.fixture(scope="module")
+def real_engine(real_docker: str | None) -> None:
+    """Skips the module, saying why, unless a real engine answers and has the base image."""
+    if real_docker is not None:
+        pytest.skip(f"{real_docker} (start one with scripts/container_engine.sh start)")
+    mapped = DockerSandboxOptions().image_map.get("ubuntu:24.04")
+    engine = os.environ.get("MILES_DOCKER_BINARY") or "docker"
+    probe = subprocess.run([engine, "image", "inspect", mapped or "ubuntu:24.04"], capture_output=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip("no local image for ubuntu:24.04 and no image map for it (MILES_DOCKER_IMAGE_MAP; "
+                    "scripts/container_engine.sh start builds one)")
