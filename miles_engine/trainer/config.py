@@ -74,7 +74,8 @@ class MismatchConfig(_Section):
 class KLConfig(_Section):
     coef: float = Field(0.0, ge=0)
     estimator: Literal["k1", "k2", "k3"] = "k3"
-    reference: bool = Field(False, description="keep a frozen reference model (a copy of the initial policy)")
+    reference: bool = Field(False, description="keep a frozen reference model: a copy of the policy as RL starts "
+                            "(after the run's SFT warm start, if any)")
     reference_source: str | None = Field(None, description="build the reference from this model source instead")
     placement: Literal["loss", "reward"] = Field(
         "loss", description="loss: coef * KL added to the loss; reward: -coef * KL per token in the reward "

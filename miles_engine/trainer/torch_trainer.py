@@ -248,6 +248,8 @@ class TorchTrainer:
         """``train_step`` on pre-split minibatches (a rank's share; lists may be empty)."""
         t0 = time.perf_counter()
         self._use_threads(self.config.num_threads)
+        if self.rl_steps == 0 and self.sft_steps > 0:
+            self._reference_from_policy()
         batch = from_groups(minibatches, teacher=self.config.opd.enabled, pad_id=self.pad_id,
                             routing=self.routing[:2] if self.routing else None,
                             candidates=self.config.opd.uses_candidates)
@@ -258,6 +260,15 @@ class TorchTrainer:
         metrics.update(prepare_time=t1 - t0, update_time=time.perf_counter() - t1,
                        step_time=time.perf_counter() - t0, weight_version=float(self.weight_version))
         return metrics
+
+    @torch.no_grad()
+    def _reference_from_policy(self) -> None:
+        """The KL anchor is the policy RL starts from: after this trainer's SFT warm start, not the
+        weights before it (the reference was copied at construction). Same structure and sharding."""
+        if self.reference is None or self.config.kl.reference_source is not None:
+            return
+        for ref, param in zip(self.reference.parameters(), self.policy.parameters(), strict=True):
+            ref.copy_(param)
 
     def sft_step(self, batch: Sequence[Any]) -> dict[str, float]:
         """Cross-entropy on the loss-mask tokens of ``(token_ids, loss_mask)`` rows; one optimizer step."""

@@ -177,6 +177,34 @@ def test_checkpoint_round_trip_model_optimizer_scheduler() -> None:
     assert ma["loss"] == mb["loss"] and ma["lr"] == mb["lr"] and max_diff(params(a), params(b)) == 0
 
 
+def test_kl_reference_is_the_policy_rl_starts_from() -> None:
+    """After an SFT warm start in the same trainer, the KL anchors the SFT'd policy (not the weights
+    before SFT): the first RL step copies it into the reference, so that step's KL is 0; later steps
+    keep that reference. Without SFT the reference stays the initial copy."""
+    cfg = {"optimizer": {"lr": 1e-2}, "sft": {"optimizer": {"lr": 5e-3}}, "kl": {"reference": True, "coef": 0.05}}
+    groups = random_groups(2, 4, seed=5)
+    rows = [(t.token_ids, t.loss_mask) for t in groups[0].trajectories]
+
+    def reference(tr: TorchTrainer) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in tr.reference.named_parameters()}
+
+    warm = TorchTrainer(TINY, cfg)
+    initial = reference(warm)
+    for _ in range(3):
+        warm.sft_step(rows)
+    after_sft = {k: v.detach().clone() for k, v in warm.policy.named_parameters()}
+    assert max_diff(after_sft, initial) > 1e-3
+    first = warm.train_step(groups)
+    assert max_diff(reference(warm), after_sft) == 0 and first["kl"] == 0.0
+    second = warm.train_step(groups)
+    assert max_diff(reference(warm), after_sft) == 0 and second["kl"] > 0  # the policy moved on, the anchor not
+
+    cold = TorchTrainer(TINY, cfg)
+    cold.train_step(groups)
+    cold.train_step(groups)
+    assert max_diff(reference(cold), initial) == 0
+
+
 def test_sft_trains_only_on_loss_mask_tokens() -> None:
     tr = TorchTrainer(TINY, {"optimizer": {"lr": 1e-2}})
     rows = [([1, 2, 3, 4, 5, 6], [0, 0, 0, 1, 1, 1]), ([7, 8, 9, 10], [0, 0, 1, 1])]
