@@ -4,8 +4,8 @@ and sync rollouts, so every RL step trains only tokens sampled under the trainer
 staleness, not numerics): at every step the numerics gap is exactly 0.0, no token is stale and the
 importance ratio is exactly 1. And the recipe still learns (the tiny-terminal e2e's bar,
 tests/train/learning.py: the held-out reward after 30 steps above the SFT weights', paired).
-Bounded by steps: the recipe's full SFT warm start (the shared ``warm_run``, resumed from its step-0 checkpoint: the SFT weights,
-before any rollout), 30 RL steps, the wall-clock limit lifted."""
+Bounded by steps: the recipe's full SFT warm start (the shared ``warm_run``, resumed from its
+step-0 checkpoint: the SFT weights, before any rollout), 30 RL steps, the wall-clock limit lifted."""
 
 from __future__ import annotations
 
