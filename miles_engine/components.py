@@ -29,10 +29,14 @@ COMPONENT_KINDS: tuple[ComponentKind, ...] = (
 )
 
 
-class NoOptions(BaseModel):
-    """Options model for components that take none; any key is an error."""
+class Section(BaseModel):
+    """The base of every options model and recipe section: an unknown key is an error."""
 
     model_config = ConfigDict(extra="forbid")
+
+
+class NoOptions(Section):
+    """Options model for components that take none; any key is an error."""
 
 
 @dataclass(frozen=True)

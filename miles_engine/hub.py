@@ -226,7 +226,7 @@ def validate_options(comp: Component, options: Mapping[str, Any] | BaseModel | N
     try:
         return comp.options.model_validate(raw)
     except ValidationError as exc:
-        from miles_engine.config.errors import format_validation_error
+        from miles_engine.errors import format_validation_error
 
         raise ConfigError(format_validation_error(exc, prefix=where, model=comp.options)) from exc
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from miles_engine.components import Section
 
 
 MAX_TEMP_DIR = 42
 
 
-class RayOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class RayOptions(Section):
     address: str | None = Field(
         None, description="a running cluster: 'auto' (the one `ray start --head` made on this machine) or the "
         "HOST:PORT of its head (GCS); unset: a private one-node cluster for this run, on 127.0.0.1 only, "

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
-from miles_engine.config.errors import format_validation_error
+from miles_engine.components import Section
+from miles_engine.errors import format_validation_error
 from miles_engine.evaluation.config import EvalConfig  # the `eval` section (miles eval, eval during training)
 from miles_engine.metrics import MetricsConfig
 from miles_engine.rewards.config import RewardConfig
@@ -30,10 +31,6 @@ from miles_engine.errors import ConfigError, MilesError
 
 if TYPE_CHECKING:
     from miles_engine.hub import Hub
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
 
 
 class ComponentRef(Section):

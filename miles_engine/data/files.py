@@ -18,16 +18,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.data.errors import DataError
 
 Format = Literal["auto", "json", "parquet", "arrow", "csv", "disk", "repo"]
 _SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".arrow": "arrow", ".csv": "csv"}
 
 
-class DataFileOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class DataFileOptions(Section):
     path: str = Field(description="a .jsonl/.json/.parquet/.arrow/.csv file, a save_to_disk directory or a local "
                       "dataset repository directory (~ and $VARS are expanded)")
     format: Format = Field("auto", description="auto: from the suffix / the directory's contents")

@@ -7,13 +7,13 @@ import hashlib
 from collections.abc import Iterable
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.data.errors import DataError
 
 
-class SplitOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SplitOptions(Section):
     use: Literal["train", "eval", "all"] = Field("train", description="which side of the split this source serves")
     eval_fraction: float = Field(0.0, ge=0, lt=1, description="share of task ids hashed into the eval side "
                                  "(ignored when eval_split names a split of the source)")

@@ -11,15 +11,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.data.errors import DataError
 
 Message = dict[str, Any]
 
 
-class TranscriptFields(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TranscriptFields(Section):
     messages: str = Field("messages", description="column holding the OpenAI messages (a list or a JSON string)")
     tools: str | None = Field("tools", description="column holding the tools offered (OpenAI function tools); "
                               "absent or null: none")

@@ -17,21 +17,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.environments.protocol import TaskRef
 from miles_engine.errors import UnknownComponentError
 
 
-class MixtureEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class MixtureEntry(Section):
     name: str = Field(description="a registered environment")
     options: dict[str, Any] = Field(default_factory=dict, description="that environment's options")
     repeat: int = Field(1, ge=1, le=10_000, description="list this source's tasks this many times")
 
 
-class MixtureOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class MixtureOptions(Section):
     sources: list[MixtureEntry] = Field(min_length=1, description="the environments to mix")
 
 

@@ -13,6 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from miles_engine.components import Section
 from miles_engine.sandbox.protocol import ExecResult, Sandbox, SandboxSpec
 
 Message = dict[str, Any]
@@ -66,10 +67,9 @@ class TaskRef(BaseModel):
     description: str = ""
 
 
-class RewardResult(BaseModel):
+class RewardResult(Section):
     """A verifier's verdict. ``reward is None`` means "no usable reward"; ``error`` says why."""
 
-    model_config = ConfigDict(extra="forbid")
     reward: float | None
     components: dict[str, float] = Field(default_factory=dict)
     error: str | None = None

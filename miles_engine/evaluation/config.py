@@ -4,23 +4,20 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from miles_engine.components import Section
 from miles_engine.engines.fleet.config import EngineGroupConfig
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class EvalEnvironment(_Section):
+class EvalEnvironment(Section):
     """An environment of its own for evaluation (default: a split of the training environment)."""
 
     name: str = Field(description="registered environment name or dotted import path")
     options: dict[str, Any] = Field(default_factory=dict, description="that environment's own options")
 
 
-class SplitConfig(_Section):
+class SplitConfig(Section):
     """How the training environment's tasks are split into train and held-out eval tasks."""
 
     by: Literal["auto", "none", "hash", "source"] = Field(
@@ -31,7 +28,7 @@ class SplitConfig(_Section):
     salt: str = Field("miles-eval", min_length=1, description="hash salt: another salt, another split (by: hash)")
 
 
-class SamplingConfig(_Section):
+class SamplingConfig(Section):
     """Sampling of the evaluated policy; None keeps the recipe agent's own setting."""
 
     temperature: float | None = Field(None, ge=0, description="sampling temperature of eval episodes")
@@ -39,7 +36,7 @@ class SamplingConfig(_Section):
     top_p: float | None = Field(None, gt=0, le=1)
 
 
-class ExternalConfig(_Section):
+class ExternalConfig(Section):
     """``mode: external``: a command run on each checkpoint directory."""
 
     command: list[str] = Field(min_length=1, description="argv; {checkpoint}, {step}, {run_dir} and {output} are "
@@ -49,7 +46,7 @@ class ExternalConfig(_Section):
     timeout_s: float = Field(1800.0, gt=0, description="the command is killed (with its process group) after this")
 
 
-class EvalConfig(_Section):
+class EvalConfig(Section):
     """How ``miles eval`` runs a recipe's agent over tasks, and how ``miles train`` evaluates."""
 
     jobs: int = Field(4, ge=1, le=1024, description="episodes run concurrently")

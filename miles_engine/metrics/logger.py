@@ -10,8 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.metrics.jsonl import METRICS_FILE, JsonlSink, last_time, make_row
 from miles_engine.metrics.progress import ProgressDisplay
 from miles_engine.metrics.sinks import make_tensorboard, make_wandb
@@ -19,10 +20,8 @@ from miles_engine.metrics.sinks import make_tensorboard, make_wandb
 log = logging.getLogger(__name__)
 
 
-class MetricsConfig(BaseModel):
+class MetricsConfig(Section):
     """``metrics:`` section of a recipe."""
-
-    model_config = ConfigDict(extra="forbid")
 
     jsonl: bool = Field(True, description="RUN_DIR/metrics.jsonl (what `miles report` reads)")
     tensorboard: Literal["auto"] | bool = Field(

@@ -15,16 +15,17 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from miles_engine.components import Section
 
 ADAPTER = "default"
 _ADAPTER_KEY = re.compile(r"\.lora_(A|B|embedding_A|embedding_B|magnitude_vector)\.")
 
 
-class LoraOptions(BaseModel):
+class LoraOptions(Section):
     """``trainer.lora``: low-rank adapters instead of full fine-tuning."""
 
-    model_config = ConfigDict(extra="forbid")
     enabled: bool = Field(False, description="train LoRA adapters only (the base weights stay frozen)")
     rank: int = Field(8, ge=1, description="adapter rank r")
     alpha: float = Field(16.0, gt=0, description="scaling numerator: the update is (alpha / rank) * B @ A")

@@ -19,8 +19,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.errors import ConfigError
 from miles_engine.tito.families.base import ChatCodec, ChatFamily, ParsedTurn, compile_template
 from miles_engine.tito.messages import template_view
@@ -31,8 +32,7 @@ _REASON = "Rq7Probe"
 _USER = {"role": "user", "content": "U"}
 
 
-class TemplateFamilyOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TemplateFamilyOptions(Section):
     template: str | None = Field(None, description="Jinja chat template source (default: the tokenizer's own, "
                                                    "from tokenizer_config.json or the GGUF metadata)")
     template_file: str | None = Field(None, description="read the Jinja template from this file instead")

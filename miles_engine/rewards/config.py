@@ -6,15 +6,16 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from miles_engine.components import Section
 
 TASK_VERIFIER = "task"  # the built-in component that runs the environment's own verifier
 
 
-class RewardComponentRef(BaseModel):
+class RewardComponentRef(Section):
     """One weighted term of a reward stack."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str = Field(description="a registered reward (see `miles plugins`) or a dotted import path")
     label: str | None = Field(None, description="key in the logged components (default: the name)")
     weight: float = Field(1.0, description="the term's weight in the sum")
@@ -33,7 +34,7 @@ class RewardComponentRef(BaseModel):
         return self.label or self.name
 
 
-class RewardConfig(BaseModel):
+class RewardConfig(Section):
     """``reward:`` — ``components`` unset keeps the environment's own verifier, unchanged.
 
     ``on_error`` decides what happens to a group with a trajectory whose verifier failed
@@ -42,7 +43,6 @@ class RewardConfig(BaseModel):
     ``buffer.partial_failure`` like any other failed attempt.
     """
 
-    model_config = ConfigDict(extra="forbid")
     components: list[RewardComponentRef] | None = Field(
         None, min_length=1, description=f"weighted terms summed into the reward; '{TASK_VERIFIER}' is the task's verifier"
     )

@@ -5,21 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.train.tiny_model import TinyModelConfig
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class TeacherRef(_Section):
+class TeacherRef(Section):
     name: str = Field(description="a registered teacher (miles plugins) or a dotted import path")
     options: dict[str, Any] = Field(default_factory=dict)
 
 
-class TeacherTrainingConfig(_Section):
+class TeacherTrainingConfig(Section):
     """Build a tiny teacher from ``model`` with the student's tokenizer and SFT it on fresh
     demonstrations before RL; saved under ``<run dir>/teacher`` and reused on ``--resume``."""
 
@@ -36,7 +33,7 @@ class TeacherTrainingConfig(_Section):
     max_minutes: float | None = Field(None, gt=0)
 
 
-class OPDRunConfig(_Section):
+class OPDRunConfig(Section):
     teachers: dict[str, TeacherRef] = Field(description="teachers by the name routes refer to")
     route_tag: str | None = Field(None, description="the trajectory tag routes match (e.g. kind)")
     routes: dict[str, str] = Field(default_factory=dict, description="tag value -> teacher name")

@@ -13,8 +13,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.errors import ConfigError
 from miles_engine.teachers.compat import VocabFingerprint, fingerprint_tokenizer
 from miles_engine.teachers.protocol import ScoreRequest, TeacherError, TokenScores
@@ -68,8 +69,7 @@ class ModelScorer:
         return await asyncio.to_thread(lambda: [self.score_one(r) for r in requests])
 
 
-class LocalTeacherOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class LocalTeacherOptions(Section):
     model: str | dict[str, Any] | None = Field(
         None, description="a model directory (HF weights, GGUF or config.json), a tiny: spec or a config dict; "
         "None only for the teacher that opd.teacher_training builds")

@@ -15,8 +15,9 @@ import json
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.agents.protocol import AgentResult
 from miles_engine.environments.protocol import EpisodeContext
 from miles_engine.tito.client import SessionClient, server_url
@@ -24,8 +25,7 @@ from miles_engine.tito.client import SessionClient, server_url
 COLLECT_TIMEOUT_S = 30.0
 
 
-class TitoAgentOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TitoAgentOptions(Section):
     server_url: str | None = Field(None, description="session server root URL (default: $MILES_TITO_URL)")
     api_key: str = "miles"
     mode: Literal["linear", "branching"] = "linear"

@@ -19,8 +19,9 @@ import signal
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.agents.protocol import AgentResult
 from miles_engine.environments.protocol import EpisodeContext
 from miles_engine.tito.agent import collect_into
@@ -29,8 +30,7 @@ from miles_engine.tito.client import SessionClient, server_url
 TAIL = 4000
 
 
-class ExternalAgentOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ExternalAgentOptions(Section):
     command: list[str] | str = Field(..., description="argv list, or a string split with shlex")
     server_url: str | None = None
     api_key: str = "miles"

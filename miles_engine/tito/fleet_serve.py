@@ -21,7 +21,7 @@ def fleet_groups(model: str | None, engine_urls: Sequence[str], replicas: int, e
     from miles_engine.engines.fleet.config import EngineGroupConfig
 
     if engines_yaml:
-        from miles_engine.config.errors import format_validation_error
+        from miles_engine.errors import format_validation_error
 
         example = "e.g. --engines '[{kind: server, replicas: 2}]'"
         try:

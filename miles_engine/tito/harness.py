@@ -35,8 +35,9 @@ import time
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.agents.protocol import AgentResult
 from miles_engine.environments.protocol import EpisodeContext
 from miles_engine.tito.agent import collect_into
@@ -117,8 +118,7 @@ exit $rc
 """
 
 
-class HarnessAgentOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class HarnessAgentOptions(Section):
     preset: Literal["claude-code", "codex", "custom"] = Field(..., description="which harness to run")
     command: str | None = Field(None, description="custom: the bash script to run (see the MILES_* variables)")
     server_url: str | None = Field(None, description="session server root URL (default: $MILES_TITO_URL)")

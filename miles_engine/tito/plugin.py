@@ -3,19 +3,17 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from miles_engine import hookimpl
-from miles_engine.components import Component
+from miles_engine.components import Component, Section
 
 
-class ThinkingFamilyOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ThinkingFamilyOptions(Section):
     enable_thinking: bool = Field(True, description="default reasoning mode (requests may override)")
 
 
-class ChatMLOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ChatMLOptions(Section):
     default_system: str | None = Field(None, description="system prompt used when a conversation has none")
 
 

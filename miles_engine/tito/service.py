@@ -17,8 +17,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, RolloutEngine, SamplingParams
 from miles_engine.tito.api import ChatRequest, Completion, parse_chat_request, wire_message
 from miles_engine.tito.diagnostic import summarize_by_wire
@@ -37,10 +38,9 @@ from miles_engine.tito.stops import apply_stop_strings
 from miles_engine.tito.trajectory import session_report
 
 
-class SessionServerConfig(BaseModel):
+class SessionServerConfig(Section):
     """Options of the session server (``extra="forbid"``)."""
 
-    model_config = ConfigDict(extra="forbid")
     model_name: str = Field("miles-policy", description="the model id shown to clients")
     mode: Literal["linear", "branching"] = Field("linear", description="default session mode")
     matcher: str = Field("strict", description="strict | loose_tool_call | role_content_only | dotted path")

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from miles_engine.components import Section
 from miles_engine.cluster.config import RayOptions
 from miles_engine.rollout.scheduler import SchedulerOptions
 from miles_engine.tito.service import SessionServerConfig
@@ -19,11 +20,7 @@ from miles_engine.weights.check.options import CheckOptions, CheckTolerance
 from miles_engine.weights.disk_delta.options import DiskDeltaOptions
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class PlacementConfig(_Section):
+class PlacementConfig(Section):
     """Where the trainer runs relative to the engines (how many ranks: ``trainer.parallel.world_size``)."""
 
     trainer: Literal["in_process", "subprocess"] = Field(
@@ -48,7 +45,7 @@ class PlacementConfig(_Section):
         return self.trainer == "in_process"
 
 
-class SFTRunConfig(_Section):
+class SFTRunConfig(Section):
     """Supervised warm start on the environment's (noisy) demonstrations, before RL."""
 
     enabled: bool = True
@@ -78,7 +75,7 @@ class RunSessionServerConfig(SessionServerConfig):
     port: int = Field(0, ge=0, le=65535, description="its port (0: any free port)")
 
 
-class WeightsConfig(_Section):
+class WeightsConfig(Section):
     transport: Literal["colocated", "broadcast", "disk_delta"] = "colocated"
     disk_delta: DiskDeltaOptions = Field(default_factory=DiskDeltaOptions,
                                          description="options of transport=disk_delta (root default: RUN_DIR/weights)")
@@ -102,7 +99,7 @@ class WeightsConfig(_Section):
         return CheckOptions(tolerance=self.check_tolerance) if self.check_update_equal else None
 
 
-class RunConfig(_Section):
+class RunConfig(Section):
     steps: int = Field(100, ge=0, description="RL steps (0: an SFT-only run)")
     max_minutes: float | None = Field(None, gt=0, description="stop RL after this long (wall clock, whole run)")
     out_dir: str = "runs"

@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.tito.tokenizer import TitoTokenizer
 
 
-class TokenizerConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class TokenizerConfig(Section):
     path: str | None = Field(None, description="an existing tokenizer (file, model dir, builtin:...); else train one")
     vocab_size: int = Field(2048, ge=300, le=200_000)
     corpus_demos: int = Field(3000, ge=100, description="demonstrations rendered into the training corpus")

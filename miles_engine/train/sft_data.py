@@ -14,18 +14,18 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from miles_engine.components import Section
 from miles_engine.data.errors import BadRows, DataError
 from miles_engine.data.files import DataFileOptions, open_rows
 from miles_engine.data.splits import SplitOptions, check_disjoint, in_eval
 from miles_engine.data.transcripts import Transcript, TranscriptFields, parse_transcript, transcript_row
 
 
-class ExportDemos(BaseModel):
+class ExportDemos(Section):
     """Write ``path`` first from the recipe environment's demonstrations (e.g. the shell drills)."""
 
-    model_config = ConfigDict(extra="forbid")
     n: int = Field(2000, ge=1, description="demonstrations exported")
     seed: int = 0
     wrong_fraction: float | None = Field(None, ge=0, le=1, description="default: the environment's own setting")

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from miles_engine.components import Section
 
 
-class TinyModelConfig(BaseModel):
+class TinyModelConfig(Section):
     """A Qwen3-architecture model from scratch; ``vocab_size`` comes from the tokenizer."""
 
-    model_config = ConfigDict(extra="forbid")
     path: str | None = Field(None, description="load this model instead (dir, .gguf, config.json)")
     arch: Literal["qwen3", "qwen3_moe"] = "qwen3"
     hidden_size: int = Field(128, ge=16)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from miles_engine.components import Section
 from miles_engine.errors import ConfigError
 from miles_engine.trainer.megatron.config import MegatronConfig
 from miles_engine.pretrained.lora import LoraOptions
@@ -19,11 +20,7 @@ Estimator = Literal["grpo", "gspo", "ppo", "reinforce_pp"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class AlgorithmConfig(_Section):
+class AlgorithmConfig(Section):
     advantage_estimator: Estimator = "grpo"
     grpo_std_normalization: bool = Field(True, description="divide group-centred rewards by the group std "
                                          "(unbiased) + std_eps; grpo and gspo")
@@ -45,7 +42,7 @@ class AlgorithmConfig(_Section):
                                  "(trajectory.routed_experts) on the sampled tokens")
 
 
-class ClipConfig(_Section):
+class ClipConfig(Section):
     eps_low: float = Field(0.2, ge=0, description="ratio lower bound 1 - eps_low")
     eps_high: float | None = Field(None, ge=0, description="ratio upper bound 1 + eps_high (default: eps_low)")
     dual_clip_c: float | None = Field(None, gt=1, description="dual clip: loss capped at -c*A for A < 0")
@@ -55,7 +52,7 @@ class ClipConfig(_Section):
         return self.eps_low if self.eps_high is None else self.eps_high
 
 
-class MismatchConfig(_Section):
+class MismatchConfig(Section):
     """Train-rollout mismatch correction per token: weight w = exp(logp_trainer_old - logp_rollout)."""
 
     mode: Literal["none", "tis", "clip_or_pop"] = Field(
@@ -71,7 +68,7 @@ class MismatchConfig(_Section):
         return self
 
 
-class KLConfig(_Section):
+class KLConfig(Section):
     coef: float = Field(0.0, ge=0)
     estimator: Literal["k1", "k2", "k3"] = "k3"
     reference: bool = Field(False, description="keep a frozen reference model: a copy of the policy as RL starts "
@@ -82,7 +79,7 @@ class KLConfig(_Section):
         "(reinforce_pp, ppo)")
 
 
-class OPDConfig(_Section):
+class OPDConfig(Section):
     """On-policy distillation: the teacher's log-probs as an advantage term (``beta``) and/or a
     reverse-KL loss term (``coef``; math in :mod:`miles_engine.trainer.opd_loss`)."""
 
@@ -114,14 +111,14 @@ class OPDConfig(_Section):
         return bool(self.coef) and self.candidates != "sampled"
 
 
-class OptimizerConfig(_Section):
+class OptimizerConfig(Section):
     lr: float = Field(1e-5, gt=0)
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = Field(0.0, ge=0)
     eps: float = Field(1e-8, gt=0)
 
 
-class ScheduleConfig(_Section):
+class ScheduleConfig(Section):
     kind: Literal["constant", "linear", "cosine"] = "constant"
     warmup_steps: int = Field(0, ge=0)
     total_steps: int | None = Field(None, ge=1, description="optimizer steps the decay spans (linear, cosine)")
@@ -137,7 +134,7 @@ class ScheduleConfig(_Section):
         return self
 
 
-class ValueConfig(_Section):
+class ValueConfig(Section):
     """The critic (ppo only): a linear head on the policy trunk, or a separate small model."""
 
     kind: Literal["head", "separate"] = "head"
@@ -149,7 +146,7 @@ class ValueConfig(_Section):
     lr: float | None = Field(None, gt=0, description="critic learning rate (default: optimizer.lr)")
 
 
-class SFTConfig(_Section):
+class SFTConfig(Section):
     """Supervised warm start: cross-entropy on loss_mask tokens. With ``optimizer`` or
     ``lr_schedule`` set, SFT gets its own AdamW and schedule (unset parts copy the RL ones);
     otherwise SFT steps use, and advance, the RL optimizer and schedule."""
@@ -162,14 +159,14 @@ class SFTConfig(_Section):
                                 "start, so every core can serve them); None: as trainer.num_threads")
 
 
-class ParallelConfig(_Section):
+class ParallelConfig(Section):
     world_size: int = Field(1, ge=1, description="1: one process; N > 1: N FSDP2 ranks behind a proxy")
     device: Literal["cpu", "cuda"] = Field("cpu", description="cpu (gloo) or cuda (NCCL; rank r on GPU r)")
     start_timeout_s: float = Field(600.0, gt=0, description="how long ranks may take to build the model")
     step_timeout_s: float | None = Field(None, gt=0, description="fail a step whose ranks take longer")
 
 
-class TrainerConfig(_Section):
+class TrainerConfig(Section):
     backend: Literal["torch", "megatron"] = Field(
         "torch", description="torch: Hugging Face model, one process or FSDP2 ranks; megatron: megatron-core "
         "GPTModel ranks with tensor / pipeline / expert parallelism (trainer.megatron; extra 'megatron')")
@@ -264,7 +261,7 @@ class TrainerConfig(_Section):
         """Validate ``data``; a :class:`ConfigError` names every bad key (``prefix.key``)."""
         if isinstance(data, TrainerConfig):
             return data
-        from miles_engine.config.errors import format_validation_error
+        from miles_engine.errors import format_validation_error
 
         try:
             return cls.model_validate(data or {})

@@ -16,16 +16,14 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from miles_engine.components import Section
 
 _DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+)$")
 
 
-class _Options(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class EngineGroupConfig(_Options):
+class EngineGroupConfig(Section):
     """One group of identical engines behind the router."""
 
     kind: str = Field("embedded", description="engine kind: embedded (in the driver process), server (`miles "
@@ -50,7 +48,7 @@ class EngineGroupConfig(_Options):
         return f"cuda:{index}" if self.device == "cuda" and self.replicas > 1 else self.device
 
 
-class EmbeddedKindOptions(_Options):
+class EmbeddedKindOptions(Section):
     max_batch_size: int = Field(64, ge=1, description="most sequences decoded in one step")
     threads: int = Field(1, ge=1, description="torch threads of the engine's decode thread")
     prompt_cache_tokens: int = Field(
@@ -63,7 +61,7 @@ class EmbeddedKindOptions(_Options):
         "waits up to that long for the GIL behind a forward pass); None leaves it alone")
 
 
-class ServerKindOptions(_Options):
+class ServerKindOptions(Section):
     max_batch_size: int = Field(64, ge=1)
     threads: int = Field(1, ge=1, description="torch threads of each engine process")
     prompt_cache_tokens: int = Field(1 << 15, ge=0)
@@ -75,7 +73,7 @@ class ServerKindOptions(_Options):
                                        "(default: the embedded engine)")
 
 
-class SGLangKindOptions(_Options):
+class SGLangKindOptions(Section):
     model_path: str | None = Field(None, description="default: model.path")
     tp_size: int = Field(1, ge=1)
     dp_size: int = Field(1, ge=1)
@@ -85,7 +83,7 @@ class SGLangKindOptions(_Options):
     start_timeout_s: float = Field(900.0, gt=0)
 
 
-class ExternalKindOptions(_Options):
+class ExternalKindOptions(Section):
     urls: list[str] = Field(min_length=1, description="base URLs of SGLang-compatible servers (never launched, "
                             "restarted or killed by the run); replicas must equal their number")
     connect_timeout_s: float = Field(10.0, gt=0, description="each URL must answer /health within this at start")
@@ -99,7 +97,7 @@ class ExternalKindOptions(_Options):
         return [u.rstrip("/") for u in urls]
 
 
-class FleetConfig(_Options):
+class FleetConfig(Section):
     """How the router treats the fleet (the ``fleet`` recipe section)."""
 
     health_interval_s: float = Field(2.0, gt=0, description="router health-check period")

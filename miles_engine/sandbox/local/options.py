@@ -5,23 +5,22 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from miles_engine.components import Section
 from miles_engine.sandbox.protocol import DEFAULT_MAX_OUTPUT_BYTES
 
 IsolationChoice = Literal["auto", "namespace", "process"]
 NamespaceTool = Literal["auto", "bwrap", "unshare"]
 
 
-class LocalSandboxOptions(BaseModel):
+class LocalSandboxOptions(Section):
     """How the local backend isolates and limits sandboxes.
 
     Every ``None`` limit means "not limited". Limits are per process (rlimits), except
     ``max_processes`` which counts all processes of one sandbox's dedicated uid (only
     enforced when the backend runs as root and can give each sandbox its own uid).
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     isolation: IsolationChoice = Field(
         "auto", description="'auto' takes namespaces when the kernel allows, else processes"

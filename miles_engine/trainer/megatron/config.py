@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.errors import ConfigError
 
 
-class MegatronConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class MegatronConfig(Section):
     tensor_parallel: int = Field(1, ge=1, description="TP: attention heads, MLP and vocab split over this many "
                                  "ranks (must divide the attention and key/value heads)")
     pipeline_parallel: int = Field(1, ge=1, description="PP: decoder layers split into this many stages "

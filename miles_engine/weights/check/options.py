@@ -15,12 +15,12 @@ Semantics, stated once (the docs and errors refer here):
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from miles_engine.components import Section
 
 
-class CheckTolerance(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class CheckTolerance(Section):
     atol: float = Field(0.0, ge=0, description="absolute tolerance per element")
     rtol: float = Field(0.0, ge=0, description="relative tolerance per element (of the trainer's value)")
 
@@ -28,10 +28,8 @@ class CheckTolerance(BaseModel):
         return f"|diff| <= {self.atol:g} + {self.rtol:g}*|trainer|"
 
 
-class CheckOptions(BaseModel):
+class CheckOptions(Section):
     """What :class:`~miles_engine.weights.check.transport.CheckedTransport` enforces."""
-
-    model_config = ConfigDict(extra="forbid")
 
     tolerance: CheckTolerance | None = Field(None, description="None: exact (see the module docstring)")
     fill_chunk_bytes: int = Field(256 << 20, ge=1, description="the pre-push random fill is sent to an engine in "

@@ -39,8 +39,9 @@ from typing import Any, Literal
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from miles_engine.components import Section
 from miles_engine.engines.http.wire import error_body
 from miles_engine.weights.disk_delta.errors import DiskDeltaError
 
@@ -49,9 +50,7 @@ log = logging.getLogger(__name__)
 ROUTE = "/update_weights_from_disk_delta"
 
 
-class DeltaSyncRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class DeltaSyncRequest(Section):
     publish_root: str = Field(min_length=1)
     version: int = Field(ge=0)
     engine: str = Field(min_length=1, description="lease name of this engine")

@@ -24,16 +24,15 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+
+from miles_engine.components import Section
 
 FORMAT = "miles-disk-delta/1"
 INDEX = "index.json"
 _VERSION_DIR = re.compile(r"^weight_v(\d{6,})$")
 
 
-class TensorEntry(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class TensorEntry(Section):
     dtype: str
     shape: list[int]
     nbytes: int
@@ -45,9 +44,7 @@ class TensorEntry(BaseModel):
     checksum: str
 
 
-class VersionIndex(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class VersionIndex(Section):
     format: Literal["miles-disk-delta/1"] = FORMAT
     version: int
     base_version: int | None

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from miles_engine.components import Section
 
 Encoding = Literal["xor", "overwrite"]
 ChecksumFormat = Literal["xxh3_128", "blake2b_128", "sha256"]
 
 
-class DiskDeltaOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class DiskDeltaOptions(Section):
     root: str | None = Field(None, description="publish root holding weight_vNNNNNN/ directories "
                              "(default in a training run: RUN_DIR/weights)")
     baseline: str | None = Field(

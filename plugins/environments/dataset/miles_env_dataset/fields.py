@@ -7,17 +7,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from miles_engine.components import Section
 from miles_engine.data.errors import DataError
 
 Message = dict[str, Any]
 
 
-class FieldMap(BaseModel):
+class FieldMap(Section):
     """Column names. A mapped field (not null) must be present in every row; null: not used."""
 
-    model_config = ConfigDict(extra="forbid")
     prompt: str | None = Field("prompt", description="the user prompt: a string, or a list of OpenAI messages")
     messages: str | None = Field(None, description="OpenAI messages instead of prompt: those before the first "
                                  "assistant turn are the prompt (a transcript row works as a task)")

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.data.files import DataFileOptions
 from miles_engine.data.splits import SplitOptions
 from miles_env_dataset.fields import FieldMap
 
 
-class GenerateOptions(BaseModel):
+class GenerateOptions(Section):
     """Write ``path`` at start-up from a packaged generator (when absent or different)."""
 
-    model_config = ConfigDict(extra="forbid")
     kind: Literal["arithmetic"] = Field("arithmetic", description="arithmetic: one-step word problems")
     rows: int = Field(2000, ge=1, le=1_000_000)
     seed: int = 0
@@ -22,8 +22,7 @@ class GenerateOptions(BaseModel):
     ops: list[Literal["add", "sub"]] = Field(default_factory=lambda: ["add", "sub"], min_length=1)
 
 
-class SandboxDefaults(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class SandboxDefaults(Section):
     workdir: str = Field("/app", description="where a sandboxed row's commands start")
     tests_dir: str = Field("/tests", description="where a row's `tests` files are written")
     test_timeout_s: float = Field(120.0, gt=0, description="deadline of the row's test command")

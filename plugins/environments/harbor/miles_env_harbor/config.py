@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from miles_engine.config.errors import format_validation_error
+from miles_engine.errors import format_validation_error
 from miles_engine.errors import TaskFormatError
 
 HarborNetworkMode = Literal["public", "no-network", "allowlist"]

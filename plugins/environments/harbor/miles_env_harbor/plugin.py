@@ -4,18 +4,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from miles_engine import hookimpl
-from miles_engine.components import Component
+from miles_engine.components import Component, Section
 
 from miles_env_harbor.source import HarborSource
 
 
-class HarborOptions(BaseModel):
+class HarborOptions(Section):
     """Options of the ``harbor`` environment."""
 
-    model_config = ConfigDict(extra="forbid")
     path: str = Field(description="a directory of Harbor task directories, or one task directory")
     include: list[str] = Field(default_factory=list, description="glob patterns on task ids to keep")
     exclude: list[str] = Field(default_factory=list, description="glob patterns on task ids to drop")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from miles_engine.components import Section
 
 
 def _check_url(url: str, key: str) -> str:
@@ -11,10 +13,9 @@ def _check_url(url: str, key: str) -> str:
     return url.rstrip("/")
 
 
-class ServerCommandOptions(BaseModel):
+class ServerCommandOptions(Section):
     """Start a resources server as a subprocess (its own process group, killed on close)."""
 
-    model_config = ConfigDict(extra="forbid")
     command: list[str] | str = Field(description="argv list, or a string run under 'sh -c'")
     url: str = Field(description="where the started server listens, e.g. http://127.0.0.1:8000")
     cwd: str | None = Field(None, description="working directory of the command")
@@ -33,10 +34,9 @@ class ServerCommandOptions(BaseModel):
         return self
 
 
-class NemoGymOptions(BaseModel):
+class NemoGymOptions(Section):
     """A NeMo Gym resources server (``url`` or ``server``) and its dataset rows (``jsonl`` or ``hf_dataset``)."""
 
-    model_config = ConfigDict(extra="forbid")
     name: str = Field("nemo-gym", description="environment name shown in listings and errors")
     url: str | None = Field(None, description="base URL of a running resources server")
     server: ServerCommandOptions | None = Field(None, description="start the resources server with this command")

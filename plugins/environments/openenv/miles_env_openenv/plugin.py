@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from miles_engine import hookimpl
-from miles_engine.components import Component
+from miles_engine.components import Component, Section
 from miles_engine.environments.protocol import TaskLimits
 from miles_engine.errors import ConfigError, did_you_mean
 
@@ -17,11 +17,10 @@ from miles_env_openenv.source import OpenEnvSource
 from miles_env_openenv.target import Target
 
 
-class OpenEnvOptions(BaseModel):
+class OpenEnvOptions(Section):
     """Options of the ``openenv`` environment. Give at most one of ``url``, ``app`` and ``envs``;
     with none, every installed OpenEnv environment package is served."""
 
-    model_config = ConfigDict(extra="forbid")
     url: str | None = Field(None, description="base URL of a running OpenEnv server (http:// or https://)")
     app: str | None = Field(None, description="an OpenEnv ASGI app 'module:attribute' to serve on 127.0.0.1")
     envs: list[str] = Field(default_factory=list,

@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from miles_engine.config.errors import format_validation_error
+from miles_engine.errors import format_validation_error
 from miles_engine.errors import TaskFormatError
 
 SUPPORTED_PARSERS = ("pytest",)

@@ -20,8 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.environments.protocol import EpisodeContext
 from miles_env_harbor import HarborSource, HarborTask
 
@@ -61,10 +62,9 @@ class PackagedTaskSource(HarborSource):
         )
 
 
-class TerminalTasksOptions(BaseModel):
+class TerminalTasksOptions(Section):
     """Options of the ``terminal-tasks`` environment."""
 
-    model_config = ConfigDict(extra="forbid")
     include: list[str] = Field(default_factory=list, description="glob patterns on task ids to keep")
     exclude: list[str] = Field(default_factory=list, description="glob patterns on task ids to drop")
     difficulty: list[Literal["easy", "medium", "hard"]] = Field(

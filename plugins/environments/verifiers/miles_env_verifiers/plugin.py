@@ -4,19 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from miles_engine import hookimpl
-from miles_engine.components import Component
+from miles_engine.components import Component, Section
 from miles_engine.environments.protocol import TaskLimits
 
 from miles_env_verifiers.source import VerifiersSource
 
 
-class VerifiersOptions(BaseModel):
+class VerifiersOptions(Section):
     """Options of the ``verifiers`` environment (verifiers 0.4.0, the ``verifiers.v1`` API)."""
 
-    model_config = ConfigDict(extra="forbid")
     taskset: str = Field(min_length=1, description="taskset id: verifiers.v1.tasksets.<id> or an installed module "
                          "<id> exporting one Taskset subclass via __all__")
     config: dict[str, Any] = Field(default_factory=dict, description="the taskset's own config (its TasksetConfig)")

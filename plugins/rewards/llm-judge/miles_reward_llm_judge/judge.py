@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from miles_engine.components import Section
 from miles_engine.engines.protocol import GenerateRequest, SamplingParams
 from miles_engine.environments.protocol import EpisodeContext, RewardResult
 from miles_engine.rewards.protocol import describe_error
@@ -46,8 +47,7 @@ DEFAULT_RUBRIC = "Full marks for a correct, complete answer that agrees with the
 MAX_FIELD_CHARS = 8_000
 
 
-class JudgeOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class JudgeOptions(Section):
     engine_url: str | None = Field(None, description="SGLang-compatible server (miles serve / SGLang), e.g. "
                                                      "http://127.0.0.1:30000")
     model: str | None = Field(None, description="in-process embedded engine: model dir, .gguf or tiny: spec")

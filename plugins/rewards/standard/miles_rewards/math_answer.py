@@ -11,15 +11,15 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.environments.protocol import EpisodeContext, RewardResult
 from miles_rewards.mathnorm import answers_match, extract_answer, normalize
 from miles_rewards.text import final_answer, metadata_value
 
 
-class MathAnswerOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class MathAnswerOptions(Section):
     answer_key: str = Field("answer", description="task metadata key holding the reference answer")
     extract: Literal["auto", "boxed", "last_number"] = Field(
         "auto", description="auto: \\boxed{} → 'answer is'/'####' → last number")

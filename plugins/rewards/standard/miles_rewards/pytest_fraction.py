@@ -17,16 +17,16 @@ from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.environments.protocol import EpisodeContext, RewardResult
 from miles_engine.rewards.protocol import describe_error
 
 MAX_REPORT_BYTES = 8 << 20
 
 
-class PytestOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class PytestOptions(Section):
     tests: str = Field("/tests", description="test path(s) handed to pytest by the default command")
     command: str | None = Field(None, description="run this instead; it must write JUnit XML to junit_path "
                                                   "or print pytest's summary line")

@@ -17,8 +17,9 @@ import shlex
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from miles_engine.components import Section
 from miles_engine.environments.protocol import EpisodeContext, RewardResult
 from miles_engine.errors import RewardError
 from miles_engine.rewards.files import VERIFIER_DIR, clear_rewards_command, read_reward_files, reward_result
@@ -27,13 +28,11 @@ from miles_engine.rewards.protocol import describe_error
 TAIL_CHARS = 2000
 
 
-class RewardFileOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RewardFileOptions(Section):
     verifier_dir: str = Field(VERIFIER_DIR, description="directory holding reward.json / reward.txt")
 
 
-class ScriptOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ScriptOptions(Section):
     command: str = Field(min_length=1, description="shell command run in the sandbox, e.g. 'bash /tests/test.sh'")
     tests_dir: str | None = Field(None, description="host directory uploaded to tests_target before the run")
     tests_target: str = Field("/tests", description="where tests_dir lands in the sandbox")

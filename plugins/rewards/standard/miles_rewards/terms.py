@@ -14,16 +14,16 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from miles_engine.components import Section
 from miles_engine.environments.protocol import EpisodeContext, RewardResult
 from miles_rewards.text import assistant_texts, final_answer
 
 MAX_MATCH_CHARS = 100_000  # a runaway answer is judged on its tail
 
 
-class FormatOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class FormatOptions(Section):
     pattern: str | None = Field(None, description="regular expression the text must match")
     require_boxed: bool = Field(False, description="the text must contain \\boxed{...}")
     match: Literal["search", "fullmatch"] = "search"
@@ -76,8 +76,7 @@ class FormatCheck:
         return RewardResult(reward=float(ok), info={"checked_messages": len(texts)})
 
 
-class LengthOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class LengthOptions(Section):
     unit: Literal["chars", "words"] = "words"
     soft_limit: int = Field(ge=0, description="no penalty up to this length")
     hard_limit: int = Field(gt=0, description="full penalty (-1) from this length on")

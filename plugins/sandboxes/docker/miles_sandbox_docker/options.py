@@ -5,17 +5,16 @@ from __future__ import annotations
 import os
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 
+from miles_engine.components import Section
 from miles_engine.errors import ConfigError
 from miles_engine.sandbox.protocol import DEFAULT_MAX_OUTPUT_BYTES
 from miles_engine.sandbox.remote import RetryPolicy
 
 
-class DockerSandboxOptions(BaseModel):
+class DockerSandboxOptions(Section):
     """How the Docker backend reaches the engine and shapes its containers."""
-
-    model_config = ConfigDict(extra="forbid")
 
     binary: str = Field(
         default_factory=lambda: os.environ.get("MILES_DOCKER_BINARY") or "docker",

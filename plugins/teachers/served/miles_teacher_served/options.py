@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from miles_engine.components import Section
 
 
-class ServedTeacherOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ServedTeacherOptions(Section):
     url: str = Field(description="base URL of the server, e.g. http://127.0.0.1:30000 (SGLang or miles serve)")
     timeout_s: float = Field(120.0, gt=0, description="per scoring request (connect: min(10, timeout_s))")
     retries: int = Field(3, ge=0, le=20, description="re-sends after a transport error, 5xx or 503 "
