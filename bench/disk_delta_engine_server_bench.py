@@ -28,7 +28,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch
 
 from bench.disk_delta_bench import change, config
-from miles_engine.engines.embedded.loading import load_model
+from miles_engine.models.loading import load_model
 from miles_engine.engines.http.client import HttpEngine
 from miles_engine.engines.launch import ServerProcess
 from miles_engine.weights import create_transport

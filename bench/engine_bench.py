@@ -45,10 +45,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from miles_engine.engines.embedded.engine import EmbeddedEngine  # noqa: E402
-from miles_engine.engines.embedded.loading import BENCH_QWEN3  # noqa: E402
 from miles_engine.engines.protocol import GenerateRequest, SamplingParams  # noqa: E402
 
-CONFIG = dict(BENCH_QWEN3, eos_token_id=None, bos_token_id=None, pad_token_id=0)
+# the dense reference config of the CPU feasibility study (bench size)
+CONFIG = dict(model_type="qwen3", vocab_size=8192, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=64, eos_token_id=None, bos_token_id=None,
+              pad_token_id=0)
 PROMPT = 32
 
 

@@ -34,7 +34,7 @@ from miles_engine.weights import create_transport  # noqa: E402
 
 
 def policy(hidden: int, layers: int) -> object:
-    from miles_engine.engines.embedded.loading import load_model
+    from miles_engine.models.loading import load_model
 
     config = dict(model_type="qwen3", vocab_size=2048, hidden_size=hidden, intermediate_size=3 * hidden,
                   num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2, head_dim=hidden // 4,

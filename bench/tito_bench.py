@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from miles_engine.tito.families import ChatMLFamily, GLMFamily, Qwen3Family  # noqa: E402
 from miles_engine.tito.messages import normalize_messages, normalize_tools  # noqa: E402
-from miles_engine.tito.tokenizer import load_tokenizer  # noqa: E402
+from miles_engine.models.tokenizer import load_tokenizer  # noqa: E402
 
 FAMILIES = {"qwen3": (Qwen3Family, "builtin:qwen3"), "glm": (GLMFamily, "builtin:bpe-glm"),
             "chatml": (ChatMLFamily, "builtin:bpe-chatml")}
@@ -123,7 +123,7 @@ async def overhead_at(family: str, codec: Any, target: int, reps: int, rng: rand
 
     from miles_engine.tito.server import create_app
     from miles_engine.tito.service import SessionManager
-    from miles_engine.tito.testing import ScriptedEngine
+    from miles_engine.engines.scripted import ScriptedEngine
 
     tool_ids, _ = model_outputs(family, codec)
     engine = ScriptedEngine(codec.tokenizer, lambda _ids, _req: list(tool_ids))
@@ -207,7 +207,7 @@ def _serve(family: str, port_queue: Any) -> None:
 
     from miles_engine.tito.server import create_app
     from miles_engine.tito.service import SessionManager, SessionServerConfig
-    from miles_engine.tito.testing import ScriptedEngine
+    from miles_engine.engines.scripted import ScriptedEngine
 
     codec = codec_for(family)
     tool_ids, final_ids = model_outputs(family, codec)

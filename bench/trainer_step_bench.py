@@ -60,7 +60,7 @@ def echo_prompts(ckpt: Path, n: int) -> list[list[int]]:
     from miles_engine.hub import Hub
     from miles_engine.tito import make_codec
     from miles_engine.tito.messages import normalize_messages, normalize_tools
-    from miles_engine.tito.tokenizer import load_tokenizer
+    from miles_engine.models.tokenizer import load_tokenizer
 
     cfg = load_recipe("tiny-terminal", ["environment.options.kinds=[echo]"])
     hub = Hub()

@@ -40,7 +40,7 @@ def trl_worker(args: argparse.Namespace) -> None:
     from miles_engine.tito import make_codec
     from miles_engine.tito.messages import normalize_messages, normalize_tools
     from miles_engine.tito.parsers import parse_hermes_tool_calls
-    from miles_engine.tito.tokenizer import load_tokenizer
+    from miles_engine.models.tokenizer import load_tokenizer
 
     ckpt = Path(args.ckpt)
     setup = SETUPS[args.model]

@@ -13,7 +13,7 @@ import click
                    "without it a peft adapter directory is written. Full fine-tuning always exports merged.")
 def export(run_dir: str, dest: str, merged: bool) -> None:
     """Write RUN_DIR's newest checkpoint to DEST as a Hugging Face directory (with the tokenizer)."""
-    from miles_engine.pretrained.export import export_run
+    from miles_engine.checkpoint.export import export_run
 
     path = export_run(run_dir, dest, merged=merged)
     click.echo(f"exported {run_dir} to {path}")

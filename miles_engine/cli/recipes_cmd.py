@@ -67,7 +67,7 @@ def cp(recipe: str, dest: Path, force: bool) -> None:
 def validate(recipe: str, overrides: tuple[str, ...]) -> None:
     """Validate a recipe and its overrides without running anything."""
     cfg = load_recipe(recipe, list(overrides))
-    from miles_engine.pretrained.policy import check_model_section
+    from miles_engine.run.policy import check_model_section
 
     model = check_model_section(cfg)  # model.path: resolved (no weights loaded), tokenizer located
     click.echo(f"ok: {recipe}" + (f" ({model})" if model else ""))

@@ -23,7 +23,7 @@ async def _roundtrip(kind: str, model: str | None, codec: Any, convs: list[Any],
     """Build the engine and run the round trip in one event loop (HTTP clients bind to it)."""
     from miles_engine.tito.check_engine import engine_roundtrip
     from miles_engine.tito.serve import build_engine
-    from miles_engine.tito.testing import ScriptedEngine, random_policy
+    from miles_engine.engines.scripted import ScriptedEngine, random_policy
 
     if kind == "random":
         engine = ScriptedEngine(codec.tokenizer, random_policy(codec.tokenizer, codec.stop_ids[:1], seed=seed))
@@ -61,8 +61,8 @@ def check(family: str, tokenizer_spec: str, conversations: str | None, options: 
     from miles_engine.tito.check import check_rendering
     from miles_engine.tito.conversations import adapt, builtin_conversations, load_conversations
 
-    from miles_engine.pretrained.family import resolve_family_name
-    from miles_engine.tito.tokenizer import load_tokenizer
+    from miles_engine.tito.families.auto import resolve_family_name
+    from miles_engine.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_spec)
     codec = make_codec(resolve_family_name(family, None, tokenizer), tokenizer, options=parse_options(options))
@@ -113,8 +113,8 @@ def serve(family: str, model: str | None, engine_urls: tuple[str, ...], replicas
     from miles_engine.tito.serve import build_engine, default_tokenizer, run_session_server
     from miles_engine.tito.service import SessionServerConfig
 
-    from miles_engine.pretrained.family import resolve_family_name
-    from miles_engine.tito.tokenizer import load_tokenizer
+    from miles_engine.tito.families.auto import resolve_family_name
+    from miles_engine.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(default_tokenizer(model, tokenizer_spec))
     codec = make_codec(resolve_family_name(family, model, tokenizer), tokenizer, options=parse_options(options))

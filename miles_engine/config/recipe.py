@@ -22,9 +22,9 @@ from miles_engine.train.config import (
     SFTRunConfig,
     WeightsConfig,
 )
-from miles_engine.train.policy_tokenizer import TokenizerConfig
+from miles_engine.models.policy_tokenizer import TokenizerConfig
 from miles_engine.teachers.config import OPDRunConfig
-from miles_engine.train.tiny_model import TinyModelConfig
+from miles_engine.models.tiny import TinyModelConfig
 from miles_engine.trainer.config import TrainerConfig
 from miles_engine.config.yaml_source import apply_overrides, load_yaml_file
 from miles_engine.errors import ConfigError, MilesError

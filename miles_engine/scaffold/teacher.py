@@ -54,16 +54,16 @@ CORPUS = ["the quick brown fox jumps over the lazy dog", "print('hello world')",
 
 @pytest.fixture(scope="session")
 def tokenizer():
-    from miles_engine.tito.tokenizer import TitoTokenizer
-    from miles_engine.tito.vocab import BPE_ADDED_TOKENS
-    from miles_engine.train.policy_tokenizer import train_bpe
+    from miles_engine.models.tokenizer import TitoTokenizer
+    from miles_engine.models.bpe import BPE_ADDED_TOKENS
+    from miles_engine.models.bpe import train_bpe
 
     return TitoTokenizer(train_bpe(CORPUS, vocab_size=320, added=BPE_ADDED_TOKENS["chatml"]), name="tiny")
 
 
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory, tokenizer):
-    from miles_engine.train.tiny_model import TinyModelConfig, build_config, build_model
+    from miles_engine.models.tiny import TinyModelConfig, build_config, build_model
 
     cfg = build_config(TinyModelConfig(hidden_size=64, num_hidden_layers=1, intermediate_size=128, head_dim=16,
                                        max_position_embeddings=256), tokenizer.vocab_size,

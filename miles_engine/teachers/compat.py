@@ -25,8 +25,8 @@ class VocabFingerprint:
 
 
 def fingerprint_tokenizer(tok: Any, probe: str, special_tokens: Sequence[str]) -> VocabFingerprint:
-    """Fingerprint a :class:`~miles_engine.tito.tokenizer.TitoTokenizer` (or anything it loads from)."""
-    from miles_engine.tito.tokenizer import load_tokenizer
+    """Fingerprint a :class:`~miles_engine.models.tokenizer.TitoTokenizer` (or anything it loads from)."""
+    from miles_engine.models.tokenizer import load_tokenizer
 
     t = load_tokenizer(tok)
     return VocabFingerprint(t.vocab_size, {s: t.token_id(s) for s in special_tokens}, tuple(t.encode(probe)))

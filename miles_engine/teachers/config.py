@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import Field
 
 from miles_engine.components import Section
-from miles_engine.train.tiny_model import TinyModelConfig
+from miles_engine.models.tiny import TinyModelConfig
 
 
 class TeacherRef(Section):

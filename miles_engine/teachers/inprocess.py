@@ -84,7 +84,7 @@ class LocalTeacher:
     """A teacher model loaded in this process; ``fingerprint`` reads its own tokenizer."""
 
     def __init__(self, options: LocalTeacherOptions, *, name: str = "local") -> None:
-        from miles_engine.engines.embedded.loading import load_model
+        from miles_engine.models.loading import load_model
 
         if options.model is None:
             raise ConfigError(f"teacher '{name}': options.model is required (a model directory or config)")

@@ -136,7 +136,7 @@ def train_teacher(inputs: OPDInputs, spec: Any, out: Path, stop: Callable[[], bo
     """SFT a tiny model (the student's tokenizer) on fresh demonstrations; save it to ``out``."""
     from miles_engine.train.model_build import demonstrations
     from miles_engine.train.sft_rows import conversation_row
-    from miles_engine.train.tiny_model import build_config, build_model
+    from miles_engine.models.tiny import build_config, build_model
     from miles_engine.trainer.rows import SFTRow
     from miles_engine.trainer.torch_trainer import TorchTrainer
 

@@ -39,7 +39,7 @@ def _run(coro: Any) -> Any:
 
 
 def _rows(tokenizer: Any) -> list[list[int]]:
-    from miles_engine.tito.tokenizer import load_tokenizer
+    from miles_engine.models.tokenizer import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
     rows = [tok.encode(t) for t in TEXTS]
@@ -48,9 +48,9 @@ def _rows(tokenizer: Any) -> list[list[int]]:
 
 
 def _differently_mapped_tokenizer() -> Any:
-    from miles_engine.tito.tokenizer import TitoTokenizer
-    from miles_engine.tito.vocab import BPE_ADDED_TOKENS
-    from miles_engine.train.policy_tokenizer import train_bpe
+    from miles_engine.models.tokenizer import TitoTokenizer
+    from miles_engine.models.bpe import BPE_ADDED_TOKENS
+    from miles_engine.models.bpe import train_bpe
 
     corpus = ["zebra quartz jumps vexingly over fjord nymphs " * 3, "0123456789 {}[]:;,.\"'", PROBE_TEXT[::-1]]
     return TitoTokenizer(train_bpe(corpus * 20, vocab_size=300, added=BPE_ADDED_TOKENS["chatml"]), name="other")

@@ -33,6 +33,6 @@ def resolve_family(ref: Any, options: dict[str, Any] | None = None, hub: Hub | N
 def make_codec(family: Any, tokenizer: Any, *, options: dict[str, Any] | None = None,
                hub: Hub | None = None) -> ChatCodec:
     """Bind a family (name, path or instance) to a tokenizer (object, path or ``builtin:`` spec)."""
-    from miles_engine.tito.tokenizer import load_tokenizer
+    from miles_engine.models.tokenizer import load_tokenizer
 
     return resolve_family(family, options, hub).bind(load_tokenizer(tokenizer))

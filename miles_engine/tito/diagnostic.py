@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from miles_engine.tito.tokenizer import TitoTokenizer
+from miles_engine.models.tokenizer import TitoTokenizer
 
 BUG_TYPES = ("special_token_count", "special_token_type", "non_assistant_text")
 ALL_TYPES = (*BUG_TYPES, "assistant_text")

@@ -25,7 +25,7 @@ ANSWER = "Done: the command ran."
 
 def tool_then_answer(codec: ChatCodec, command: str = "echo miles > miles.txt && cat miles.txt",
                      answer: str = ANSWER) -> Any:
-    """A reply function for :class:`~miles_engine.tito.testing.ScriptedEngine` (Hermes
+    """A reply function for :class:`~miles_engine.engines.scripted.ScriptedEngine` (Hermes
     ``<tool_call>`` families: qwen3, chatml)."""
     tok = codec.tokenizer
     think = "<think>\nRun it.\n</think>\n\n" if codec.family.has_reasoning else ""
@@ -78,7 +78,7 @@ async def check_harness(command: str, *, sessions: int = 2, preset: str = "custo
     from miles_engine.tito.harness import HarnessAgent, HarnessAgentOptions
     from miles_engine.tito.server import ServerThread, create_app
     from miles_engine.tito.service import SessionManager, SessionServerConfig
-    from miles_engine.tito.testing import ScriptedEngine
+    from miles_engine.engines.scripted import ScriptedEngine
 
     codec = make_codec(family, tokenizer or ("builtin:qwen3" if family == "qwen3" else f"builtin:bpe-{family}"))
     engine = ScriptedEngine(codec.tokenizer, tool_then_answer(codec, tool_command), canonical=False)

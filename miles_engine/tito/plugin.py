@@ -36,14 +36,14 @@ def _chatml(opts: ChatMLOptions):  # type: ignore[no-untyped-def]
 
 
 def _template(opts):  # type: ignore[no-untyped-def]
-    from miles_engine.pretrained.template_family import TemplateFamily
+    from miles_engine.tito.families.template import TemplateFamily
 
     return TemplateFamily(opts)
 
 
 @hookimpl
 def miles_register_chat_families() -> list[Component]:
-    from miles_engine.pretrained.template_family import TemplateFamilyOptions
+    from miles_engine.tito.families.template import TemplateFamilyOptions
 
     return [
         Component("qwen3", _qwen3, ThinkingFamilyOptions,

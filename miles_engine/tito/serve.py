@@ -14,7 +14,7 @@ from typing import Any
 
 from miles_engine.errors import ConfigError
 from miles_engine.tito import local
-from miles_engine.tito.tokenizer import TitoTokenizer
+from miles_engine.models.tokenizer import TitoTokenizer
 
 
 def fit_tiny_spec(model: str, tokenizer: TitoTokenizer) -> str:

@@ -30,8 +30,8 @@ def demonstrations(source: Any, n: int, seed: int, wrong_fraction: float | None 
 def build_codec(cfg: RecipeConfig, hub: Hub, source: Any) -> Any:
     from miles_engine.tito import make_codec
     from miles_engine.tito.messages import normalize_messages, normalize_tools
-    from miles_engine.pretrained.policy import pretrained_codec
-    from miles_engine.train.policy_tokenizer import policy_tokenizer
+    from miles_engine.run.policy import pretrained_codec
+    from miles_engine.models.policy_tokenizer import policy_tokenizer
 
     codec = pretrained_codec(hub, cfg)  # model.path: the model's own tokenizer and chat template
     if codec is not None:
@@ -52,7 +52,7 @@ def build_codec(cfg: RecipeConfig, hub: Hub, source: Any) -> Any:
 
 def build_policy(cfg: RecipeConfig, codec: Any) -> Any:
     """``model.path`` as given, or the recipe's tiny model (random init, seeded) on the codec's vocabulary."""
-    from miles_engine.train.tiny_model import build_config, build_model
+    from miles_engine.models.tiny import build_config, build_model
 
     m = cfg.model
     if m.path:

@@ -14,7 +14,7 @@ from pydantic import Field, ValidationError, model_validator
 from miles_engine.components import Section
 from miles_engine.errors import ConfigError
 from miles_engine.trainer.megatron.config import MegatronConfig
-from miles_engine.pretrained.lora import LoraOptions
+from miles_engine.trainer.lora import LoraOptions
 
 Estimator = Literal["grpo", "gspo", "ppo", "reinforce_pp"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]

@@ -19,7 +19,7 @@ def build_causal_lm(source: Any, device: torch.device, seed: int) -> nn.Module:
     if isinstance(source, nn.Module):
         model = source
     else:
-        from miles_engine.engines.embedded.loading import load_model
+        from miles_engine.models.loading import load_model
 
         model, _ = load_model(source, dtype="float32", device=str(device), seed=seed)
     model = model.to(device=device, dtype=torch.float32)

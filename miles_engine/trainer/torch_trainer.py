@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 
 from miles_engine.errors import ConfigError
-from miles_engine.pretrained import lora
+from miles_engine.trainer import lora
 from miles_engine.rollout.types import Group
 from miles_engine.trainer import prefix, rl_step
 from miles_engine.trainer.batch import MicroBatch, StepBatch, from_groups, from_sft_rows

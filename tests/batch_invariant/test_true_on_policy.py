@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from miles_engine.engines.embedded.engine import EmbeddedEngine
-from miles_engine.engines.embedded.loading import load_model
+from miles_engine.models.loading import load_model
 from miles_engine.engines.protocol import GenerateRequest, SamplingParams
 from miles_engine.errors import ConfigError
 from miles_engine.rollout.types import Group, Trajectory

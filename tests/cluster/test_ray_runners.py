@@ -20,7 +20,7 @@ from miles_engine.rewards.config import RewardConfig
 from miles_engine.rollout.buffer import AsyncBuffer, BufferOptions
 from miles_engine.rollout.scheduler import Scheduler, SchedulerOptions
 from miles_engine.rollout.tasks import TaskStream
-from miles_engine.tito.testing import ScriptedEngine
+from miles_engine.engines.scripted import ScriptedEngine
 
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
@@ -100,7 +100,7 @@ def test_a_killed_runner_loses_only_its_inflight_episodes(cluster, retries: int)
     from miles_engine.hub import default_hub
     from miles_engine.tito.families import ChatMLFamily
     from miles_engine.tito.serve import start_session_server
-    from miles_engine.tito.tokenizer import load_tokenizer
+    from miles_engine.models.tokenizer import load_tokenizer
 
     codec = ChatMLFamily().bind(load_tokenizer("builtin:bpe-chatml"))
     source = default_hub().create("environment", ENV.name, ENV.options)

@@ -25,7 +25,7 @@ from miles_engine.rewards.config import RewardConfig
 from miles_engine.rollout.buffer import AsyncBuffer, BufferOptions
 from miles_engine.rollout.scheduler import Scheduler, SchedulerOptions
 from miles_engine.rollout.tasks import TaskStream
-from miles_engine.tito.testing import ScriptedEngine
+from miles_engine.engines.scripted import ScriptedEngine
 from tests.cluster.test_ray_runners import HeldEngine, _off_loopback, _tree, _until, cluster  # noqa: F401
 
 ray = pytest.importorskip("ray")
@@ -39,7 +39,7 @@ NOWHERE = "http://127.0.0.1:9"  # the driver's session server: no episode may us
 
 def _codec():
     from miles_engine.tito.families import ChatMLFamily
-    from miles_engine.tito.tokenizer import load_tokenizer
+    from miles_engine.models.tokenizer import load_tokenizer
 
     return ChatMLFamily().bind(load_tokenizer("builtin:bpe-chatml"))
 

@@ -11,7 +11,7 @@ from miles_engine.data.errors import DataError
 from miles_engine.hub import Hub
 from miles_engine.tito import make_codec
 from miles_engine.tito.messages import normalize_messages, normalize_tools
-from miles_engine.train.policy_tokenizer import TokenizerConfig, policy_tokenizer
+from miles_engine.models.policy_tokenizer import TokenizerConfig, policy_tokenizer
 from miles_engine.train.sft_data import SFTDatasetConfig, load_sft_data, read_transcripts, schedule
 
 

@@ -17,10 +17,10 @@ from miles_engine.cli.main import cli
 from miles_engine.engines.embedded.engine import EmbeddedEngine
 from miles_engine.engines.protocol import GenerateRequest, SamplingParams
 from miles_engine.errors import ConfigError
-from miles_engine.pretrained.export import export_run
+from miles_engine.checkpoint.export import export_run
 from miles_engine.train import checkpoint
 from miles_engine.trainer.torch_trainer import TorchTrainer
-from miles_engine.tito.tokenizer import load_tokenizer
+from miles_engine.models.tokenizer import load_tokenizer
 
 torch.set_num_threads(1)
 LORA = {"enabled": True, "rank": 4, "alpha": 16, "target_modules": ["q_proj", "v_proj", "up_proj"]}

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from miles_engine.cli.main import cli
 from miles_engine.errors import ConfigError, UnknownComponentError
 from miles_engine.hub import Hub
-from miles_engine.pretrained.source import resolve
+from miles_engine.models.source import resolve
 from miles_engine.rollout.tasks import TaskStream
 
 pytest.importorskip("miles_env_terminal_tasks")

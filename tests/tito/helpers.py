@@ -12,7 +12,7 @@ from miles_engine.tito.check_engine import verify_trajectory
 from miles_engine.tito.families.base import ChatCodec
 from miles_engine.tito.server import create_app
 from miles_engine.tito.service import SessionManager, SessionServerConfig
-from miles_engine.tito.testing import ScriptedEngine
+from miles_engine.engines.scripted import ScriptedEngine
 
 BASH = {"type": "function", "function": {
     "name": "bash", "description": "Run a bash command.",

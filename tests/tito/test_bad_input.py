@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from miles_engine.tito.testing import ScriptedEngine
+from miles_engine.engines.scripted import ScriptedEngine
 
 from .helpers import BASH, asgi, make_server, sampled_text
 

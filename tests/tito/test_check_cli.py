@@ -58,7 +58,7 @@ def test_check_passes_for_builtin_families(family, tokenizer):
 
 
 def test_check_fails_a_non_append_only_template_naming_the_token(qwen_tokenizer):
-    result = _invoke("check", "--family", "miles_engine.tito.testing:legacy_qwen3_family",
+    result = _invoke("check", "--family", "tests.tito.legacy_family:legacy_qwen3_family",
                      "--tokenizer", "builtin:qwen3", "--json", "--engine", "none")
     assert result.exit_code == 1
     report = json.loads(result.output)

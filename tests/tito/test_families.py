@@ -8,8 +8,8 @@ from miles_engine.tito.check import check_rendering
 from miles_engine.tito.conversations import adapt, builtin_conversations
 from miles_engine.tito.messages import normalize_messages
 from miles_engine.tito.parsers import parse_glm_tool_calls, parse_hermes_tool_calls, split_reasoning
-from miles_engine.tito.testing import legacy_qwen3_family
-from miles_engine.tito.vocab import QWEN3_ADDED_TOKENS, QWEN3_FIRST_ADDED_ID
+from tests.tito.legacy_family import legacy_qwen3_family
+from miles_engine.models.bpe import QWEN3_ADDED_TOKENS, QWEN3_FIRST_ADDED_ID
 
 from .helpers import BASH
 
@@ -117,7 +117,7 @@ def test_non_append_only_template_fails_naming_the_first_differing_token(qwen_to
 def test_family_requires_its_special_tokens():
     from miles_engine.errors import ConfigError
     from miles_engine.tito.families import GLMFamily
-    from miles_engine.tito.tokenizer import load_tokenizer
+    from miles_engine.models.tokenizer import load_tokenizer
 
     with pytest.raises(ConfigError, match="needs '\\[gMASK\\]'"):
         GLMFamily().bind(load_tokenizer("builtin:bpe-chatml"))

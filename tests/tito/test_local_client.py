@@ -15,7 +15,7 @@ from miles_engine.tito import local
 from miles_engine.tito.agent import TitoAgent, TitoAgentOptions
 from miles_engine.tito.client import SessionClient, close_pools
 from miles_engine.tito.serve import start_session_server
-from miles_engine.tito.testing import ScriptedEngine
+from miles_engine.engines.scripted import ScriptedEngine
 
 from ..core.fakes import FileTask, MemoryBackend
 from .helpers import Scripts, assert_exact, sampled_text

@@ -8,8 +8,8 @@ from miles_engine.hub import Hub
 from miles_engine.tito import make_codec
 from miles_engine.tito.messages import normalize_messages, normalize_tools
 from miles_engine.tito.service import SessionManager
-from miles_engine.tito.testing import ScriptedEngine
-from miles_engine.train.policy_tokenizer import TokenizerConfig, policy_tokenizer
+from miles_engine.engines.scripted import ScriptedEngine
+from miles_engine.models.policy_tokenizer import TokenizerConfig, policy_tokenizer
 from miles_engine.train.sft_rows import assistant_text, conversation_row
 
 

@@ -130,7 +130,7 @@ def test_tp1_mapping_r3_grpo_sft_and_checkpoints_across_backends(tmp_path) -> No
             for m in ("exp_avg", "exp_avg_sq"):
                 assert torch.allclose(resumed[k][m], v[m], atol=1e-6), (k, m)
         # conversion: the checkpoint's policy as an HF model directory
-        from miles_engine.engines.embedded.loading import load_model
+        from miles_engine.models.loading import load_model
         from miles_engine.trainer.megatron.convert import policy_tensors, to_hf_dir
 
         loaded, _ = load_model(str(to_hf_dir(policy_tensors(state), dict(moe), tmp_path / "hf")))

@@ -75,8 +75,8 @@ def test_tp2_dist_checkpoint_resumes_at_tp1_exactly_and_converts(tmp_path) -> No
     # directory holding other weights: what is exported must be the checkpoint's)
     import yaml
 
-    from miles_engine.engines.embedded.loading import load_model
-    from miles_engine.pretrained.export import export_run
+    from miles_engine.models.loading import load_model
+    from miles_engine.checkpoint.export import export_run
     from miles_engine.trainer.megatron.convert import to_hf_dir
 
     base = to_hf_dir(after, model, tmp_path / "base")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from miles_engine.engines.embedded.loading import load_model
+from miles_engine.models.loading import load_model
 from miles_engine.errors import ConfigError
 from miles_engine.trainer.config import TrainerConfig
 from miles_engine.trainer.megatron import hf_mapping as hm

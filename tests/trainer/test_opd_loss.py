@@ -104,7 +104,7 @@ def test_bad_weighting_and_config_are_refused() -> None:
 
 
 def test_forward_gathers_candidate_logprobs() -> None:
-    from miles_engine.engines.embedded.loading import load_model
+    from miles_engine.models.loading import load_model
 
     model, _ = load_model(TINY)
     ids = torch.randint(0, 256, (2, 7), generator=torch.Generator().manual_seed(3))
@@ -148,7 +148,7 @@ def _trainer(candidates: str, weighting: str = "student") -> TorchTrainer:
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("weighting", ["student", "uniform"])
 def test_trainer_distils_with_reverse_kl_only(weighting: str) -> None:
-    from miles_engine.engines.embedded.loading import load_model
+    from miles_engine.models.loading import load_model
 
     teacher, _ = load_model({**TINY, "hidden_size": 96}, seed=7)
     groups = _teacher_scored(random_groups(2, 3, seed=5, teacher=-1.0), teacher, k=6)
@@ -160,7 +160,7 @@ def test_trainer_distils_with_reverse_kl_only(weighting: str) -> None:
 @pytest.mark.timeout(120)
 def test_sampled_token_term_closes_the_log_ratio_on_fixed_rows() -> None:
     """Off-policy (fixed rows) the k1 mean is not a KL; each token's |log-ratio| must still shrink."""
-    from miles_engine.engines.embedded.loading import load_model
+    from miles_engine.models.loading import load_model
 
     teacher, _ = load_model({**TINY, "hidden_size": 96}, seed=7)
     groups = _teacher_scored(random_groups(2, 3, seed=5, teacher=-1.0), teacher, k=6)

@@ -15,7 +15,7 @@ TINY_QWEN3 = dict(model_type="qwen3", vocab_size=256, hidden_size=32, intermedia
 
 def trainer_model(seed: int = 1, config: dict[str, Any] | None = None) -> Any:
     """A model of the same architecture with different (seeded) random weights."""
-    from miles_engine.engines.embedded.loading import load_model
+    from miles_engine.models.loading import load_model
 
     import torch
 

@@ -37,7 +37,7 @@ import torch
 from pydantic import ValidationError
 
 from miles_engine.engines.embedded import weights as W
-from miles_engine.engines.embedded.loading import load_model
+from miles_engine.models.loading import load_model
 from miles_engine.engines.embedded.options import EmbeddedEngineOptions
 from miles_engine.engines.embedded.runner import ModelRunner
 from miles_engine.engines.embedded.sampler import RowParams

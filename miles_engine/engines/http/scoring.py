@@ -131,7 +131,7 @@ async def score(engine: Any, req: ScoringRequest) -> dict[str, Any]:
 # --------------------------------------------------------------------------- tokenizer
 def find_tokenizer(engine: Any, model_path: str | None, tokenizer: Any) -> Any:
     """The server's tokenizer: the one given, else ``tokenizer.json`` in the model directory."""
-    from miles_engine.tito.tokenizer import load_tokenizer
+    from miles_engine.models.tokenizer import load_tokenizer
 
     if tokenizer is not None:
         return load_tokenizer(tokenizer)

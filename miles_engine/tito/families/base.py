@@ -27,7 +27,7 @@ from typing import Any
 from miles_engine.tito.errors import TemplateError
 from miles_engine.tito.messages import Message, template_view
 from miles_engine.tito.parsers import ParsedCall
-from miles_engine.tito.tokenizer import TitoTokenizer
+from miles_engine.models.tokenizer import TitoTokenizer
 
 TEXT_CACHE_ENTRIES = 4096  # remembered tokenizations of whole conversations (by text) ...
 TEXT_CACHE_MAX_CHARS = 16384  # ... of at most this many characters each

@@ -36,7 +36,7 @@ def policy_tensors(state: Mapping[str, Any], source: Any = None) -> dict[str, to
 def to_hf_dir(tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], source: Any,
               out_dir: str | Path, *, dtype: str = "float32") -> Path:
     """Write ``tensors`` (HF names) as a model directory with ``source``'s config."""
-    from miles_engine.engines.embedded.loading import load_model
+    from miles_engine.models.loading import load_model
 
     named = dict(tensors.items() if isinstance(tensors, Mapping) else tensors)
     model, _ = load_model(source, dtype=dtype)

@@ -38,18 +38,18 @@ def model_shape(model: Any) -> Any | None:
     config: Any = getattr(model, "config", None)
     try:
         if config is None and isinstance(model, str) and model.startswith("tiny:"):
-            from miles_engine.engines.embedded.loading import config_from, parse_tiny_spec
+            from miles_engine.models.loading import config_from, parse_tiny_spec
 
             config = config_from(parse_tiny_spec(model))
         elif config is None and isinstance(model, dict):
-            from miles_engine.engines.embedded.loading import config_from
+            from miles_engine.models.loading import config_from
 
             config = config_from(model)
         elif config is None and isinstance(model, (str, Path)):
             path = Path(model).expanduser()
             path = path / "config.json" if path.is_dir() else path
             if path.suffix == ".json" and path.exists():
-                from miles_engine.engines.embedded.loading import config_from
+                from miles_engine.models.loading import config_from
 
                 config = config_from(json.loads(path.read_text()))
         elif config is None and hasattr(model, "model_type"):

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from miles_engine.engines.embedded.loading import load_tokenizer, smollm2_gguf_path
+from tests.smollm2 import hf_tokenizer, smollm2_gguf_path
 
 from .helpers import greedy, req, run
 
@@ -20,7 +20,7 @@ def test_smollm2_gguf_answers_paris() -> None:
     from miles_engine.engines.embedded.engine import EmbeddedEngine
 
     async def main() -> None:
-        tok = load_tokenizer(GGUF)
+        tok = hf_tokenizer(GGUF)
         eng = EmbeddedEngine.from_model(GGUF, num_threads=2, max_context=512)
         assert eng.vocab_size == 49152 and tok.eos_token_id in eng.eos_token_ids
         text = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],

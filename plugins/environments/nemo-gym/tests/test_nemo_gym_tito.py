@@ -18,8 +18,8 @@ from miles_engine.tito.agent import TitoAgent, TitoAgentOptions  # noqa: E402
 from miles_engine.tito.families import ChatMLFamily  # noqa: E402
 from miles_engine.tito.server import serve_in_thread  # noqa: E402
 from miles_engine.tito.service import SessionManager, SessionServerConfig  # noqa: E402
-from miles_engine.tito.testing import ScriptedEngine  # noqa: E402
-from miles_engine.tito.tokenizer import load_tokenizer  # noqa: E402
+from miles_engine.engines.scripted import ScriptedEngine  # noqa: E402
+from miles_engine.models.tokenizer import load_tokenizer  # noqa: E402
 from miles_env_nemo_gym import NemoGymOptions, NemoGymSource  # noqa: E402
 
 pytestmark = pytest.mark.timeout(120)

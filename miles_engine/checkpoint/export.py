@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from miles_engine.errors import ConfigError
-from miles_engine.pretrained import lora
+from miles_engine.trainer import lora
 
 
 def _run_config(run_dir: Path) -> dict[str, Any]:
@@ -61,7 +61,7 @@ def merge_adapters(base: dict[str, Any], adapters: dict[str, Any], scaling: floa
 def _save_tokenizer(source: Any, dest: Path) -> None:
     from transformers import AutoTokenizer
 
-    from miles_engine.pretrained.source import chat_template
+    from miles_engine.models.source import chat_template
 
     d = source.directory
     if source.kind == "gguf":
@@ -77,8 +77,8 @@ def _save_tokenizer(source: Any, dest: Path) -> None:
 
 
 def export_run(run_dir: str | Path, dest: str | Path, *, merged: bool = False) -> Path:
-    from miles_engine.engines.embedded.loading import load_model
-    from miles_engine.pretrained.source import resolve
+    from miles_engine.models.loading import load_model
+    from miles_engine.models.source import resolve
 
     run_dir, dest = Path(run_dir), Path(dest)
     if dest.is_file() or (dest.is_dir() and any(dest.iterdir())):

@@ -11,8 +11,9 @@ def pretrained_codec(hub: Any, cfg: Any) -> Any | None:
     the stack trains its tokenizer). The chat family ``auto`` is the model's own."""
     if not cfg.model.path or cfg.tokenizer.path:
         return None
-    from miles_engine.pretrained.family import resolve_family_name
-    from miles_engine.pretrained.source import resolve, source_tokenizer
+    from miles_engine.tito.families.auto import resolve_family_name
+    from miles_engine.models.source import resolve
+    from miles_engine.models.tokenizer import source_tokenizer
     from miles_engine.tito import make_codec
 
     tokenizer = source_tokenizer(resolve(cfg.model.path))
@@ -25,8 +26,9 @@ def check_model_section(cfg: Any) -> str | None:
     the run would build (kind, model type, tokenizer, chat family); ``None`` without a model path."""
     if not cfg.model.path:
         return None
-    from miles_engine.pretrained.family import AUTO, family_for
-    from miles_engine.pretrained.source import chat_template, model_type, resolve, tokenizer_origin
+    from miles_engine.tito.families.auto import AUTO, family_for
+    from miles_engine.models.source import chat_template, model_type, resolve
+    from miles_engine.models.tokenizer import tokenizer_origin
 
     src = resolve(cfg.model.path)
     mtype = model_type(src)

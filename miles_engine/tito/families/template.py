@@ -25,7 +25,7 @@ from miles_engine.components import Section
 from miles_engine.errors import ConfigError
 from miles_engine.tito.families.base import ChatCodec, ChatFamily, ParsedTurn, compile_template
 from miles_engine.tito.messages import template_view
-from miles_engine.tito.tokenizer import TitoTokenizer
+from miles_engine.models.tokenizer import TitoTokenizer
 
 _PROBE = "Zq7Probe"
 _REASON = "Rq7Probe"
@@ -142,7 +142,7 @@ class TemplateFamily(ChatFamily):
 
 def prove(codec: ChatCodec, conversations: str | None = None) -> None:
     """Refuse (``ConfigError``) unless the conformance check passes on ``codec``'s tokenizer."""
-    from miles_engine.pretrained.family import family_for
+    from miles_engine.tito.families.auto import family_for
     from miles_engine.tito.check import check_rendering
     from miles_engine.tito.conversations import adapt, builtin_conversations, load_conversations
 

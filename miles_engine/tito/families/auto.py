@@ -29,7 +29,7 @@ def family_for(model_type: str | None, template: str | None) -> str:
 
 
 def family_from_source(model: Any) -> str:
-    from miles_engine.pretrained.source import chat_template, model_type, resolve
+    from miles_engine.models.source import chat_template, model_type, resolve
 
     src = resolve(model)
     return family_for(model_type(src), chat_template(src))

