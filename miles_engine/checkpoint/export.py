@@ -14,11 +14,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from miles_engine import checkpoint
 from miles_engine.errors import ConfigError
 from miles_engine.trainer import lora
 
@@ -30,19 +32,44 @@ def _run_config(run_dir: Path) -> dict[str, Any]:
     return yaml.safe_load(file.read_text()) or {}
 
 
-def _policy_state(run_dir: Path, spec: str) -> tuple[dict[str, Any], int]:
-    from miles_engine.train import checkpoint
+POLICY_PREFIX = "policy."  # the trainer's state dict holds the policy under this module name
 
-    path = checkpoint.latest(run_dir)
-    if path is None:
-        raise ConfigError(f"{run_dir}: no checkpoint under {checkpoint.checkpoint_dir(run_dir)} to export")
+
+@dataclass
+class PolicyWeights:
+    """A checkpoint's policy tensors under Hugging Face names (LoRA runs: base and adapters)."""
+
+    path: Path
+    step: int
+    weight_version: int
+    tensors: dict[str, Any]
+    tokenizer_sha256: str | None
+
+
+def read_policy(path: Path, *, base: Any = None, label: str = "checkpoint") -> PolicyWeights:
+    """The policy of one checkpoint directory (``RUN_DIR/checkpoints/step_NNNNNNNN``), checked as a
+    resume checks it. Megatron's distributed format is read through its shards onto ``base`` (the
+    run's model source); without one it is refused, naming ``miles export``."""
+    if not (path / "manifest.json").is_file():
+        raise ConfigError(f"{label} {path}: no manifest.json there; pass a checkpoint directory "
+                          f"(RUN_DIR/checkpoints/step_NNNNNNNN)")
     loaded = checkpoint.load(path)
-    if loaded.trainer_state.get("dist_checkpoint_path"):  # Megatron's distributed format (any TP / PP / EP)
+    state, manifest = loaded.trainer_state, loaded.manifest
+    if state.get("dist_checkpoint_path"):  # Megatron's distributed format (any TP / PP / EP)
+        if base is None:
+            raise ConfigError(f"{label} {path}: written in Megatron's distributed format "
+                              f"(trainer.megatron.checkpoint_format=dist); convert it to a Hugging Face directory "
+                              f"first (`miles export RUN_DIR DEST`) and use that")
         from miles_engine.trainer.megatron.convert import dist_policy_tensors
 
-        return dist_policy_tensors(loaded.trainer_state["dist_checkpoint_path"], spec), loaded.step
-    state = {k.removeprefix("policy."): v for k, v in loaded.trainer_state["model"].items() if k.startswith("policy.")}
-    return state, loaded.step
+        tensors = dist_policy_tensors(state["dist_checkpoint_path"], base)
+    else:
+        model = state.get("model") or {}
+        tensors = {k.removeprefix(POLICY_PREFIX): v for k, v in model.items() if k.startswith(POLICY_PREFIX)}
+        if not tensors:
+            raise ConfigError(f"{label} {path}: trainer.pt holds no '{POLICY_PREFIX}*' policy tensors")
+    return PolicyWeights(path, loaded.step, int(manifest["weight_version"]), tensors,
+                         manifest.get("tokenizer_sha256"))
 
 
 def merge_adapters(base: dict[str, Any], adapters: dict[str, Any], scaling: float) -> dict[str, Any]:
@@ -89,7 +116,11 @@ def export_run(run_dir: str | Path, dest: str | Path, *, merged: bool = False) -
         raise ConfigError(f"{run_dir}: the run trained a from-scratch policy (model.path unset); export needs a "
                           f"model source (an HF directory, a GGUF file or package:<module>) as its base")
     opts = lora.LoraOptions(**((cfg.get("trainer") or {}).get("lora") or {}))
-    state, step = _policy_state(run_dir, spec)
+    newest = checkpoint.latest(run_dir)
+    if newest is None:
+        raise ConfigError(f"{run_dir}: no checkpoint under {checkpoint.checkpoint_dir(run_dir)} to export")
+    policy = read_policy(newest, base=spec)
+    state, step = policy.tensors, policy.step
     source = resolve(spec)
     model, _ = load_model(spec, dtype="float32")
     base = {k: v for k, v in model.state_dict().items()}

@@ -208,7 +208,7 @@ def shared_in_flight(cfg: EvalConfig, rollout_mode: str) -> str:
 
 def trained_task_ids(run_dir: Path) -> set[str]:
     """The tasks of every group a resumed run has trained on so far."""
-    from miles_engine.train import consumed
+    from miles_engine.checkpoint import consumed
 
     return {gid.rsplit("@", 1)[0] for row in consumed.read(run_dir) for gid in row.get("groups", [])}
 
@@ -297,7 +297,7 @@ def _external(inputs: Any) -> Callable[[int, int], Awaitable[_Job]]:
                                           "task_ids": held_out.ids}))
 
     async def prepare(step: int, version: int) -> _Job:
-        from miles_engine.train.checkpoint import checkpoint_dir
+        from miles_engine.checkpoint.store import checkpoint_dir
 
         source = checkpoint_dir(inputs.run_dir) / f"step_{step:08d}"
         work = eval_dir / f".external-step_{step:06d}"

@@ -9,16 +9,12 @@ checkpoint's token ids mean what they meant in training (checked against its tok
 
 from __future__ import annotations
 
-import json
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from miles_engine.errors import ConfigError
-
-POLICY_PREFIX = "policy."  # the trainer's state dict holds the policy under this module name
-
 
 def build_codec(hub: Any, cfg: Any, source: Any) -> Any:
     """The policy codec of a recipe, built as the composition root builds it."""
@@ -121,34 +117,3 @@ class ServedPolicy:
             return
         self._closed = True
         await self.stack.aclose()
-
-
-@dataclass
-class CheckpointWeights:
-    path: Path
-    step: int
-    weight_version: int
-    tensors: dict[str, Any]
-    tokenizer_sha256: str | None
-
-
-def read_checkpoint_weights(path: Path) -> CheckpointWeights:
-    """The policy tensors of a checkpoint directory (``RUN_DIR/checkpoints/step_NNNNNNNN``)."""
-    import torch
-
-    manifest_path = path / "manifest.json"
-    if not manifest_path.is_file():
-        raise ConfigError(f"--checkpoint {path}: no manifest.json there; pass a checkpoint directory "
-                          f"(RUN_DIR/checkpoints/step_NNNNNNNN)")
-    manifest = json.loads(manifest_path.read_text())
-    state = torch.load(path / "trainer.pt", map_location="cpu", weights_only=False)
-    if state.get("dist_checkpoint"):
-        raise ConfigError(f"--checkpoint {path}: written in Megatron's distributed format "
-                          f"(trainer.megatron.checkpoint_format=dist); convert it to a Hugging Face directory "
-                          f"first (`miles export RUN_DIR DEST`) and evaluate that")
-    model = state.get("model") or {}
-    tensors = {k[len(POLICY_PREFIX):]: v for k, v in model.items() if k.startswith(POLICY_PREFIX)}
-    if not tensors:
-        raise ConfigError(f"--checkpoint {path}: trainer.pt holds no '{POLICY_PREFIX}*' policy tensors")
-    return CheckpointWeights(path, int(manifest["step"]), int(manifest["weight_version"]), tensors,
-                             manifest.get("tokenizer_sha256"))

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from miles_engine.checkpoint.compat import flatten
 from miles_engine.environments.protocol import TaskRef
 from miles_engine.errors import ConfigError
 from miles_engine.evaluation.config import EvalConfig
@@ -150,8 +151,6 @@ def resume_split_change(old_config: dict[str, Any], new_config: dict[str, Any]) 
     before, now = training_split(old_eval), training_split(new_eval)
     if before == now or (before.startswith(_NOTHING) and now.startswith(_NOTHING)):
         return None
-    from miles_engine.train.checkpoint_compat import flatten
-
     flat_old, flat_new = flatten({"eval": old_eval}), flatten({"eval": new_eval})
     missing = "<absent>"
     keys = sorted(k for k in set(flat_old) | set(flat_new) if k.startswith(_SPLIT_KEYS)

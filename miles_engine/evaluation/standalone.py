@@ -78,10 +78,11 @@ async def evaluate(hub: Any, cfg: Any) -> EvalRun:
 async def evaluate_checkpoints(hub: Any, cfg: Any, paths: Sequence[Path]) -> list[EvalRun]:
     """Each checkpoint's weights on the same eval tasks, loaded in turn into the eval engines
     (``eval.engine``; default one embedded engine)."""
-    from miles_engine.evaluation.policy import ServedPolicy, build_codec, build_model, read_checkpoint_weights
-    from miles_engine.train.resume import tokenizer_sha256
+    from miles_engine.checkpoint.export import read_policy
+    from miles_engine.evaluation.policy import ServedPolicy, build_codec, build_model
+    from miles_engine.checkpoint.resume import tokenizer_sha256
 
-    weights = [read_checkpoint_weights(Path(p)) for p in paths]
+    weights = [read_policy(Path(p), label="--checkpoint") for p in paths]
     runs: list[EvalRun] = []
     async with _environment(hub, cfg) as (source, tasks, backend, reward):
         codec = build_codec(hub, cfg, source)

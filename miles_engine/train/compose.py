@@ -26,10 +26,13 @@ import yaml
 from miles_engine.config.recipe import RecipeConfig
 from miles_engine.errors import ConfigError
 from miles_engine.evaluation.evaluator import EvalInputs
+from miles_engine.evaluation.splits import resume_split_change
 from miles_engine.hub import Hub, default_hub
 from miles_engine.sandbox.remote import RUN_ID_ENV
-from miles_engine.train import checkpoint, crash_points, resume
-from miles_engine.train.checkpoint_compat import check as check_resume
+from miles_engine import checkpoint
+from miles_engine.checkpoint import crash_points
+from miles_engine.checkpoint import resume
+from miles_engine.checkpoint.compat import check as check_resume
 from miles_engine.train.model_build import build_codec, build_policy
 from miles_engine.train.trainer_access import TrainerAccess
 
@@ -147,7 +150,8 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
     codec = build_codec(cfg, hub, source)
     tokenizer_sha = resume.tokenizer_sha256(codec.tokenizer)
     if resumed is not None:
-        check_resume(resumed.manifest, cfg.model_dump(mode="json"), tokenizer_sha, resumed.path)
+        check_resume(resumed.manifest, cfg.model_dump(mode="json"), tokenizer_sha, resumed.path,
+                     rules=[resume_split_change])
     policy = build_policy(cfg, codec)
     kinds = _engine_kinds(cfg, hub)
     placement = await _start_placement(cfg, kinds, run_dir, stack)

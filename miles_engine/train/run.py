@@ -8,7 +8,10 @@ import time
 from typing import Any
 
 from miles_engine.rollout.types import Group
-from miles_engine.train import checkpoint, consumed, crash_points, resume
+from miles_engine import checkpoint
+from miles_engine.checkpoint import consumed
+from miles_engine.checkpoint import crash_points
+from miles_engine.checkpoint import resume
 from miles_engine.train.compose import Components
 from miles_engine.train.engine_metrics import EngineStepMetrics, sandbox_step_metrics
 from miles_engine.train.group_metrics import group_metrics
@@ -63,6 +66,7 @@ class TrainingRun:
         return self.stop_requested or (limit is not None and time.monotonic() - self.started > limit * 60)
 
     async def warm_start(self) -> None:
+        from miles_engine.evaluation.splits import resume_split_change
         from miles_engine.train.sft import SFTInputs, run_sft
 
         if self.parts.opd is not None:
@@ -71,7 +75,8 @@ class TrainingRun:
         if self.cfg.sft.enabled and p.resumed is None:  # a fresh run, or one stopped during SFT
             await run_sft(SFTInputs(cfg=self.cfg, trainer=p.trainer, codec=p.codec, source=p.source,
                                     metrics=p.metrics, stop=lambda: self.stop_requested, run_dir=self.run_dir,
-                                    tokenizer_sha=p.tokenizer_sha, policy=p.policy, resume_sft=p.resume_sft))
+                                    tokenizer_sha=p.tokenizer_sha, policy=p.policy, resume_sft=p.resume_sft,
+                                    resume_rules=(resume_split_change,)))
 
     async def evaluate(self, step: int, version: int) -> None:
         """Every ``eval.every`` steps: shared, dedicated or external (eval/*, RUN_DIR/eval/)."""

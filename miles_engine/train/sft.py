@@ -28,6 +28,7 @@ class SFTInputs:
     tokenizer_sha: str = ""
     policy: Any = None  # the policy's model or path (the eval loss scores a copy)
     resume_sft: bool = False  # --resume of a run stopped during SFT
+    resume_rules: tuple[Any, ...] = ()  # the run's own conditions on resuming SFT (checkpoint.compat.check)
 
 
 async def run_sft(inputs: SFTInputs) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from miles_engine.errors import ConfigError
-from miles_engine.train import checkpoint
+from miles_engine import checkpoint
 from miles_engine.train.sft_data import SFTData, export_demonstrations, load_sft_data, schedule
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class EvalLoss:
 
 
 def _manifest(inputs: SFTInputs, data: SFTData, steps: int, step: int) -> dict[str, Any]:
-    from miles_engine.train import resume
+    from miles_engine.checkpoint import resume
 
     config = inputs.cfg.model_dump(mode="json")
     info = resume.manifest_info(config, inputs.tokenizer_sha, inputs.trainer.weight_version,
@@ -90,7 +90,7 @@ def _manifest(inputs: SFTInputs, data: SFTData, steps: int, step: int) -> dict[s
 
 
 def _check_same_sft(saved: dict[str, Any], now: dict[str, Any], path: Path) -> None:
-    from miles_engine.train.checkpoint_compat import flatten
+    from miles_engine.checkpoint.compat import flatten
 
     old, new = flatten(saved["config"]), flatten(now["config"])
     diffs = [f"  sft.{k}: checkpoint {old.get(k)!r}, now {new.get(k)!r}" for k in sorted(set(old) | set(new))
@@ -103,10 +103,11 @@ def _check_same_sft(saved: dict[str, Any], now: dict[str, Any], path: Path) -> N
 
 
 async def _restore(inputs: SFTInputs, data: SFTData, steps: int) -> int:
-    from miles_engine.train.checkpoint_compat import check
+    from miles_engine.checkpoint.compat import check
 
     loaded = await asyncio.to_thread(checkpoint.load_latest, sft_root(_run_dir(inputs)))
-    check(loaded.manifest, inputs.cfg.model_dump(mode="json"), inputs.tokenizer_sha, loaded.path)
+    check(loaded.manifest, inputs.cfg.model_dump(mode="json"), inputs.tokenizer_sha, loaded.path,
+          rules=inputs.resume_rules)
     _check_same_sft(loaded.manifest["sft"], _manifest(inputs, data, steps, 0)["sft"], loaded.path)
     await inputs.trainer.load_state_dict(loaded.trainer_state)
     checkpoint.set_rng_states(loaded.rng)

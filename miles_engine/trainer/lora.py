@@ -96,18 +96,6 @@ def engine_tensors(state: dict[str, Any], scaling: float) -> dict[str, Any]:
     return out
 
 
-def merged_state(state: dict[str, Any], scaling: float) -> dict[str, Any]:
-    """The whole model under Hugging Face names with the adapters merged (``miles export --merged``)."""
-    merged = engine_tensors(state, scaling)
-    out: dict[str, Any] = {}
-    for k, v in state.items():
-        if is_adapter_key(k):
-            continue
-        name = k.replace(".base_layer.", ".")
-        out[name] = merged.get(name, v)
-    return out
-
-
 def adapter_state(state: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in state.items() if is_adapter_key(k)}
 

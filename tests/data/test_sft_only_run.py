@@ -12,7 +12,7 @@ import torch
 import yaml
 
 from miles_engine.config.recipe import load_recipe
-from miles_engine.train import checkpoint
+from miles_engine import checkpoint
 from miles_engine.train.run import run_recipe
 
 pytestmark = pytest.mark.slow

@@ -106,7 +106,8 @@ def test_resume_refuses_a_changed_split_and_names_the_keys(tmp_path: Path) -> No
     """A resumed run whose train / eval split would differ from its checkpoint's is refused with
     one error naming the keys; keys that leave the split alone may change."""
     from miles_engine.config.recipe import load_recipe
-    from miles_engine.train import checkpoint_compat
+    from miles_engine.checkpoint import compat as checkpoint_compat
+    from miles_engine.evaluation.splits import resume_split_change
 
     def config(*overrides: str) -> dict:
         return load_recipe("tiny-terminal", list(overrides)).model_dump(mode="json")
@@ -116,7 +117,7 @@ def test_resume_refuses_a_changed_split_and_names_the_keys(tmp_path: Path) -> No
                 "layout": checkpoint_compat.layout(written), "config": written}
 
     def resume(*overrides: str) -> None:
-        checkpoint_compat.check(manifest, config(*overrides), "tok", tmp_path)
+        checkpoint_compat.check(manifest, config(*overrides), "tok", tmp_path, rules=[resume_split_change])
 
     resume("eval.every=5", "eval.limit=8", "eval.attempts=4", "eval.mode=dedicated")  # same split: fine
     resume("eval.every=10", "eval.split.by=hash")  # the same hash split, evaluated less often
@@ -142,7 +143,7 @@ def test_resume_refuses_a_changed_split_and_names_the_keys(tmp_path: Path) -> No
 def test_eval_tasks_already_trained_by_the_run_are_refused(tmp_path: Path) -> None:
     """Defence in depth on resume: the groups in consumed.jsonl are checked against the eval set."""
     from miles_engine.evaluation.evaluator import trained_task_ids
-    from miles_engine.train import consumed
+    from miles_engine.checkpoint import consumed
 
     _, held_out = split_of_drills()
     consumed.append(tmp_path, 1, 1, [f"{held_out[3]}@7", "calc-x@8"])

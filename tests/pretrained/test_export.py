@@ -18,7 +18,7 @@ from miles_engine.engines.embedded.engine import EmbeddedEngine
 from miles_engine.engines.protocol import GenerateRequest, SamplingParams
 from miles_engine.errors import ConfigError
 from miles_engine.checkpoint.export import export_run
-from miles_engine.train import checkpoint
+from miles_engine import checkpoint
 from miles_engine.trainer.torch_trainer import TorchTrainer
 from miles_engine.models.tokenizer import load_tokenizer
 

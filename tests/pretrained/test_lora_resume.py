@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from miles_engine.train import checkpoint
+from miles_engine import checkpoint
 from miles_engine.trainer.torch_trainer import TorchTrainer
 from tests.trainer.helpers import TINY, random_groups
 
@@ -26,7 +26,7 @@ CONFIG = {"lora": {"enabled": True, "rank": 4, "alpha": 8, "target_modules": "al
 WORKER = textwrap.dedent("""
     import sys, time, torch
     torch.set_num_threads(1)
-    from miles_engine.train import checkpoint
+    from miles_engine import checkpoint
     from miles_engine.trainer.torch_trainer import TorchTrainer
     from tests.pretrained.test_lora_resume import CONFIG, TINY, groups
     trainer = TorchTrainer(dict(TINY), CONFIG)

@@ -20,7 +20,10 @@ from miles_engine.rollout.buffer import AsyncBuffer, BufferOptions
 from miles_engine.rollout.scheduler import Scheduler, SchedulerOptions
 from miles_engine.rollout.tasks import TaskStream
 from miles_engine.rollout.types import Group
-from miles_engine.train import checkpoint, checkpoint_compat, consumed, crash_points
+from miles_engine import checkpoint
+from miles_engine.checkpoint import compat as checkpoint_compat
+from miles_engine.checkpoint import consumed
+from miles_engine.checkpoint import crash_points
 from tests.rollout.helpers import traj
 
 CONFIG = {"seed": 0, "model": {"hidden_size": 128}, "trainer": {"optimizer": {"lr": 0.001}, "num_threads": 1,

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from miles_engine.train import consumed
+from miles_engine.checkpoint import consumed
 
 STEPS = 5
 FAST = ["sft.enabled=false", "tokenizer.corpus_demos=500", "rollout.mode=sync", "placement.trainer=subprocess",

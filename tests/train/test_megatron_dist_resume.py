@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from miles_engine.cli.main import cli
 from miles_engine.errors import ConfigError
-from miles_engine.train import consumed
+from miles_engine.checkpoint import consumed
 
 pytest.importorskip("megatron.core")
 

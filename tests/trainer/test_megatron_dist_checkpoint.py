@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("megatron.core")
 
 from miles_engine.errors import ConfigError  # noqa: E402
-from miles_engine.train import checkpoint  # noqa: E402
+from miles_engine import checkpoint
 from miles_engine.trainer.factory import create_trainer  # noqa: E402
 from miles_engine.trainer.megatron import dist_checkpoint  # noqa: E402
 from tests.trainer.helpers import MOE, TINY, random_groups  # noqa: E402

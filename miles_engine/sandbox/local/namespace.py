@@ -37,10 +37,6 @@ class Tools:
     env: str
 
 
-def _covered(path: str, roots: Sequence[str]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-
-
 def plan_mounts(mapped: Mapping[str, str], *, public_network: bool, hidden: Sequence[str] = (),
                 ro_binds: Mapping[str, str] | None = None) -> list[Op]:
     """Mount operations, in order, for a root whose writable parts are ``mapped``

@@ -20,7 +20,7 @@ import torch
 
 def policy_tensors(state: Mapping[str, Any], source: Any = None) -> dict[str, torch.Tensor]:
     """The policy's HF tensors of a trainer state dict (either backend). A state in Megatron's
-    distributed format (``checkpoint_format=dist``, as :func:`miles_engine.train.checkpoint.load`
+    distributed format (``checkpoint_format=dist``, as :func:`miles_engine.checkpoint.store.load`
     returns it) is read by one Megatron rank at TP=1 built from ``source`` (the run's model)."""
     if state.get("dist_checkpoint_path"):
         if source is None:

@@ -18,8 +18,8 @@ from typing import Any
 
 from miles_engine.errors import ConfigError
 from miles_engine.rollout.tasks import TaskStream
-from miles_engine.train.checkpoint import RolloutState
-from miles_engine.train.checkpoint_compat import fingerprint, layout
+from miles_engine.checkpoint.store import RolloutState
+from miles_engine.checkpoint.compat import fingerprint, layout
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from miles_engine.train.durable import replace_text
+from miles_engine.checkpoint.durable import replace_text
 
 log = logging.getLogger(__name__)
 FILE = "consumed.jsonl"

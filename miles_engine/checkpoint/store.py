@@ -38,8 +38,8 @@ from typing import Any
 
 from miles_engine.errors import ConfigError
 from miles_engine.rollout.types import Group
-from miles_engine.train.crash_points import crash_point
-from miles_engine.train.durable import fsync_dir, write_bytes
+from miles_engine.checkpoint.crash_points import crash_point
+from miles_engine.checkpoint.durable import fsync_dir, write_bytes
 
 log = logging.getLogger(__name__)
 FORMAT = 2
