@@ -19,7 +19,7 @@ from miles_engine.cli.common import (
     table,
 )
 from miles_engine.environments.capabilities import preflight
-from miles_engine.environments.validate import TaskCheck, validate_environment
+from miles_engine.rollout.validate import TaskCheck, validate_environment
 
 path_flag = click.option("--path", type=click.Path(exists=True, file_okay=False), default=None,
                          help="Task directory root (sets the environment's 'path' option).")
@@ -92,7 +92,7 @@ def validate(name: str, path: str | None, options: tuple[str, ...], jobs: int, b
 
     async def run() -> list[TaskCheck]:
         try:
-            return await validate_environment(source, sandbox_backend, task_ids=list(task_ids) or None,
+            return await validate_environment(source, sandbox_backend, hub=hub, task_ids=list(task_ids) or None,
                                               jobs=jobs, on_result=progress)
         finally:
             await sandbox_backend.aclose()

@@ -1,5 +1,5 @@
 """Episode runners as Ray actors: ``run_trajectory(task_ref, attempt) -> Trajectory`` for the
-scheduler, as :class:`~miles_engine.train.episodes.EpisodeTrajectories` is in the driver.
+scheduler, as :class:`~miles_engine.rollout.episodes.EpisodeTrajectories` is in the driver.
 
 Each :class:`EpisodeRunner` actor builds, on its node, the recipe's environment source, sandbox
 backend, reward stack and the task's agent (pointed at the session server's address: the
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from miles_engine.errors import MilesError
-from miles_engine.train.episodes import finish_trajectory
+from miles_engine.rollout.episodes import finish_trajectory
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class EpisodeRunner:
     def __init__(self, spec: RunnerSpec) -> None:
         from miles_engine.hub import default_hub
         from miles_engine.rewards.stack import build_reward_stack
-        from miles_engine.train.episodes import EpisodeTrajectories
+        from miles_engine.rollout.episodes import EpisodeTrajectories
 
         os.environ.update(dict(spec.env))
         self.spec = spec

@@ -13,10 +13,10 @@ from miles_engine.evaluation.config import EvalConfig  # the `eval` section (mil
 from miles_engine.metrics import MetricsConfig
 from miles_engine.rewards.config import RewardConfig
 from miles_engine.rollout.buffer import BufferOptions
+from miles_engine.rollout.config import RolloutConfig
 from miles_engine.engines.fleet.config import EngineGroupConfig, FleetConfig
 from miles_engine.train.config import (
     PlacementConfig,
-    RolloutConfig,
     RunConfig,
     RunSessionServerConfig,
     SFTRunConfig,

@@ -32,9 +32,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from miles_engine.errors import ConfigError
 from miles_engine.rollout.buffer import AsyncBuffer, BufferClosed
 from miles_engine.rollout.types import Group, Trajectory
 
@@ -51,6 +50,13 @@ class SchedulerOptions(BaseModel):
     max_inflight: int = Field(32, ge=1, description="trajectory credits: episodes running at once")
     episode_timeout_s: float | None = Field(120.0, gt=0, description="deadline of one episode (None: none)")
     poll_s: float = Field(0.05, gt=0, description="how often a closed gate is re-checked without a notify")
+
+    @model_validator(mode="after")
+    def _a_group_fits(self) -> SchedulerOptions:
+        if self.max_inflight < self.group_size:
+            raise ValueError(f"max_inflight ({self.max_inflight}) must be >= group_size ({self.group_size}): a group "
+                             f"needs that many credits to be submitted")
+        return self
 
 
 @dataclass
@@ -82,10 +88,7 @@ class Scheduler:
         """``tasks`` is the stream from its ``first_position`` on; ``requeue`` holds ``(position,
         task)`` of groups a checkpoint recorded as running: they are submitted first, with the
         same group ids (a resumed run regenerates them instead of losing them)."""
-        self.options = opts = options or SchedulerOptions()
-        if opts.max_inflight < opts.group_size:
-            raise ConfigError(f"rollout.max_inflight ({opts.max_inflight}) must be >= rollout.group_size "
-                              f"({opts.group_size}): a group needs that many credits to be submitted")
+        self.options = options or SchedulerOptions()
         self._tasks = iter(tasks)
         self._run = run_trajectory
         self.buffer = buffer

@@ -67,7 +67,7 @@ class OPDSetup:
                                   f"teacher: remove one of the two")
         names = TeacherRouter(dict.fromkeys(rcfg.teachers), route_tag=rcfg.route_tag, routes=rcfg.routes,
                               default=rcfg.default)  # config errors now, before anything is built
-        from miles_engine.train.episodes import task_tags
+        from miles_engine.rollout.episodes import task_tags
 
         for ref in inputs.tasks.refs[:ROUTE_CHECK_TASKS]:
             names.name_for(task_tags(inputs.source.load_task(ref.id)), sample=f"task {ref.id!r}")

@@ -320,7 +320,7 @@ async def _episode_runner(cfg: RecipeConfig, hub: Hub, run_dir: Path, sandboxes:
         runners = await placement.episode_runners(spec, after=opd, servers=servers)
         stack.push_async_callback(runners.close)
         return runners
-    from miles_engine.train.episodes import EpisodeTrajectories
+    from miles_engine.rollout.episodes import EpisodeTrajectories
 
     def make_agent() -> Any:
         options = {**cfg.agent.options, "server_url": server.url}

@@ -13,7 +13,6 @@ from pydantic import Field, model_validator
 
 from miles_engine.components import Section
 from miles_engine.cluster.config import RayOptions
-from miles_engine.rollout.scheduler import SchedulerOptions
 from miles_engine.tito.service import SessionServerConfig
 from miles_engine.train.sft_data import SFTDatasetConfig
 from miles_engine.weights.check.options import CheckOptions, CheckTolerance
@@ -56,14 +55,6 @@ class SFTRunConfig(Section):
     max_minutes: float | None = Field(None, gt=0, description="stop the warm start early after this long")
     dataset: SFTDatasetConfig | None = Field(None, description="train on these chat transcripts instead of the "
                                              "environment's demonstrations (demos, wrong_fraction unused)")
-
-
-class RolloutConfig(SchedulerOptions):
-    """The scheduler's own options (group_size, max_inflight, episode_timeout_s, poll_s) plus the mode."""
-
-    mode: Literal["sync", "one_step_off", "fully_async"] = "fully_async"
-    groups_per_step: int = Field(8, ge=1)
-    task_seed: int = 0
 
 
 class RunSessionServerConfig(SessionServerConfig):

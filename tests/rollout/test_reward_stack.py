@@ -21,7 +21,7 @@ from miles_engine.rewards.config import RewardConfig
 from miles_engine.rewards.stack import RewardStack, StackEntry, build_reward_stack
 from miles_engine.rollout.buffer import AsyncBuffer, BufferOptions
 from miles_engine.rollout.episode import run_episode
-from miles_engine.train.episodes import to_trajectory
+from miles_engine.rollout.episodes import to_trajectory
 from tests.core.fakes import FileTask, MemoryBackend
 from tests.rollout.helpers import group, run, traj
 

@@ -6,9 +6,12 @@ import asyncio
 import random
 
 import pytest
+from pydantic import ValidationError
 
+from miles_engine.config.recipe import load_recipe
 from miles_engine.environments.protocol import TaskRef
 from miles_engine.errors import ConfigError
+from miles_engine.hub import default_hub
 from miles_engine.rollout.buffer import AsyncBuffer, BufferClosed, BufferOptions
 from miles_engine.rollout.scheduler import Scheduler, SchedulerOptions
 from miles_engine.rollout.tasks import TaskStream
@@ -198,10 +201,14 @@ def test_task_stream_failure_surfaces_through_the_buffer():
     run(main())
 
 
-def test_budget_smaller_than_a_group_is_a_config_error():
-    with pytest.raises(ConfigError, match="max_inflight"):
-        Scheduler(_tasks(), None, AsyncBuffer(),  # type: ignore[arg-type]
-                  SchedulerOptions(group_size=8, max_inflight=4))
+def test_budget_smaller_than_a_group_is_a_config_error(tmp_path):
+    with pytest.raises(ValidationError, match="max_inflight"):
+        SchedulerOptions(group_size=8, max_inflight=4)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("environment: {name: shell-drills}\nrollout:\n  group_size: 8\n  max_inflight: 4\n")
+    with pytest.raises(ConfigError, match=r"r.yaml:2: bad value for 'rollout'.*max_inflight \(4\) must be >= "
+                                          r"group_size \(8\)"):
+        load_recipe(str(recipe), hub=default_hub())
 
 
 class _Source:

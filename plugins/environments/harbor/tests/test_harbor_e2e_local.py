@@ -11,7 +11,8 @@ from harbor_testkit import make_task
 from miles_engine.agents.builtin import NopAgent, OracleAgent
 from miles_engine.agents.protocol import AgentResult
 from miles_engine.environments.protocol import EpisodeContext
-from miles_engine.environments.validate import validate_environment
+from miles_engine.hub import default_hub
+from miles_engine.rollout.validate import validate_environment
 from miles_engine.errors import SandboxUnsupportedError
 from miles_engine.hub import Hub, get_plugin_manager
 from miles_engine.rollout.episode import run_episode
@@ -135,7 +136,8 @@ def test_validate_a_small_dataset(backend, tmp_path):
     make_task(tmp_path, "good")
     make_task(tmp_path, "no-solution", solve_sh=None)
     make_task(tmp_path, "always-one", test_sh="#!/bin/bash\necho 1 > /logs/verifier/reward.txt\n")
-    checks = {c.task_id: c for c in run(validate_environment(HarborSource(tmp_path), backend, jobs=3))}
+    checks = {c.task_id: c
+              for c in run(validate_environment(HarborSource(tmp_path), backend, hub=default_hub(), jobs=3))}
     assert checks["good"].passed, checks["good"].problems
     assert "no reference solution" in " ".join(checks["no-solution"].problems)
     assert checks["always-one"].problems == ["no-op scored 1.0 (expected 0.0)"]

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from miles_engine.environments.protocol import EpisodeContext
-from miles_engine.environments.validate import validate_environment
+from miles_engine.hub import default_hub
+from miles_engine.rollout.validate import validate_environment
 from miles_engine.errors import ConfigError
 from miles_engine.hub import Hub
 from miles_engine.sandbox.protocol import unmet_needs
@@ -71,7 +72,7 @@ def test_registered_with_options() -> None:
 
 
 def test_every_task_oracle_scores_1_and_nop_scores_0() -> None:
-    checks = asyncio.run(validate_environment(packaged_source(), _backend(), jobs=4))
+    checks = asyncio.run(validate_environment(packaged_source(), _backend(), hub=default_hub(), jobs=4))
     failed = [f"{c.task_id}: {'; '.join(c.problems)}" for c in checks if not c.passed]
     assert not failed, "\n".join(failed)
     assert len(checks) == len(TASK_DIRS)

@@ -8,9 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from miles_engine.agents.builtin import NopAgent, OracleAgent
-from miles_engine.agents.protocol import Agent
 from miles_engine.environments.protocol import EnvironmentSource
+from miles_engine.hub import Hub
 from miles_engine.rollout.episode import EpisodeResult, run_episode
 from miles_engine.sandbox.protocol import SandboxBackend
 
@@ -63,14 +62,13 @@ def _evidence(result: EpisodeResult) -> str:
     return "".join(f"; {p}" for p in parts)
 
 
-async def _check_task(source: EnvironmentSource, task_id: str, backend: SandboxBackend) -> TaskCheck:
+async def _check_task(source: EnvironmentSource, task_id: str, backend: SandboxBackend, hub: Hub) -> TaskCheck:
     started = time.perf_counter()
     runs: dict[str, EpisodeResult | BaseException] = {}
-    agents: dict[str, Agent] = {"oracle": OracleAgent(), "nop": NopAgent()}
-    for label, agent in agents.items():
+    for label, agent in (("oracle", "oracle"), ("nop", "nop")):
         try:
             task = source.load_task(task_id)  # a fresh task object per attempt
-            runs[label] = await run_episode(task, agent, backend)
+            runs[label] = await run_episode(task, hub.create("agent", agent), backend)
         except Exception as exc:  # one broken task must not stop the check of the others
             runs[label] = exc
     oracle, p1 = _verdict("oracle", 1.0, runs["oracle"])
@@ -83,17 +81,19 @@ async def validate_environment(
     source: EnvironmentSource,
     backend: SandboxBackend,
     *,
+    hub: Hub,
     task_ids: Sequence[str] | None = None,
     jobs: int = 4,
     on_result: Callable[[TaskCheck], None] | None = None,
 ) -> list[TaskCheck]:
-    """Check every task (or ``task_ids``) with at most ``jobs`` tasks in flight."""
+    """Check every task (or ``task_ids``) with at most ``jobs`` tasks in flight; the oracle and
+    no-op agents are the hub's (``oracle``, ``nop``)."""
     ids = list(task_ids) if task_ids is not None else [ref.id for ref in source.list_tasks()]
     gate = asyncio.Semaphore(max(1, jobs))
 
     async def one(task_id: str) -> TaskCheck:
         async with gate:
-            check = await _check_task(source, task_id, backend)
+            check = await _check_task(source, task_id, backend, hub)
         if on_result is not None:
             on_result(check)
         return check
