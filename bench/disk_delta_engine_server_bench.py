@@ -43,7 +43,7 @@ async def one(tmp: Path, cfg: dict[str, Any], encoding: str, fractions: list[flo
     baseline = tmp / "baseline.safetensors"
     save_file(named, str(baseline))
     (tmp / "config.json").write_text(json.dumps(cfg))
-    argv = [sys.executable, "-m", "miles_engine.engines.http.server", "--model", str(tmp / "config.json"),
+    argv = [sys.executable, "-m", "miles_engine.run.engine_server", "--model", str(tmp / "config.json"),
             "--port", "0", "--port-file", str(tmp / "port"), "--threads", "2", "--dtype", "bfloat16"]
     server = ServerProcess(argv, port_file=tmp / "port", cwd=ROOT, name="engine", log_path=tmp / "server.log",
                            env={**os.environ, "PYTHONPATH": str(ROOT)})

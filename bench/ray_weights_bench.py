@@ -28,8 +28,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from miles_engine.config import load_recipe  # noqa: E402
 from miles_engine.hub import default_hub  # noqa: E402
-from miles_engine.train.compose import Teardown, _engine_kinds, _start_engines, _start_placement  # noqa: E402
-from miles_engine.train.trainer_access import TrainerAccess  # noqa: E402
+from miles_engine.run.compose import Teardown, _engine_kinds, _start_engines, _start_placement  # noqa: E402
+from miles_engine.run.trainer_access import TrainerAccess  # noqa: E402
 from miles_engine.weights import create_transport  # noqa: E402
 
 
@@ -56,7 +56,7 @@ async def bench(args: argparse.Namespace, run_dir: Path, temp: Path) -> dict[str
         placement = await _start_placement(cfg, kinds, run_dir, stack)
         trainer = await asyncio.to_thread(TrainerAccess.create, model, cfg, ranks=placement.trainer_ranks())
         stack.push_async_callback(asyncio.to_thread, trainer.close)
-        engines, _ = await _start_engines(cfg, kinds, run_dir, model, trainer, placement, stack)
+        engines = await _start_engines(cfg, kinds, run_dir, model, trainer, placement, stack)
         driver = create_transport("broadcast", engines, master_address=placement.driver_address(),
                                   group_name="bench-driver")
         stack.push_async_callback(driver.close)

@@ -55,9 +55,9 @@ def build_checkpoint(out: Path, overrides: Sequence[str]) -> dict[str, Any]:
     from miles_engine.config.recipe import load_recipe
     from miles_engine.metrics import MetricsConfig, MetricsLogger
     from miles_engine.hub import default_hub
-    from miles_engine.train.model_build import build_codec, build_policy
-    from miles_engine.train.sft import SFTInputs, run_sft
-    from miles_engine.train.trainer_access import TrainerAccess
+    from miles_engine.run.policy import build_codec, build_policy
+    from miles_engine.sft.warm_start import SFTInputs, run_sft
+    from miles_engine.run.trainer_access import TrainerAccess
     from miles_engine.trainer.torch_trainer import TorchTrainer
 
     torch.set_num_threads(1)

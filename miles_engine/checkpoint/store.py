@@ -62,6 +62,7 @@ class Loaded:
     trainer_state: dict[str, Any]
     rollout: RolloutState
     rng: dict[str, Any]
+    load_s: float = 0.0  # how long reading and checking it took (checkpoint/restore_s)
 
     @property
     def step(self) -> int:

@@ -15,7 +15,7 @@ from miles_engine.cli.common import cli_hub, console, echo_json, table
 from miles_engine.hub import Hub
 from miles_engine.config.recipe import RecipeConfig, load_recipe
 from miles_engine.evaluation.runner import AttemptRecord, write_records
-from miles_engine.evaluation.standalone import EvalRun, compare, evaluate, evaluate_checkpoints
+from miles_engine.run.evaluate import EvalRun, compare, evaluate, evaluate_checkpoints
 
 
 async def _evaluate(hub: Hub, cfg: RecipeConfig) -> list[AttemptRecord]:

@@ -47,7 +47,7 @@ def serve(ctx: click.Context, model: str, host: str, port: int, port_file: str |
                    record_routed_experts=False, threads=threads)
         return
     try:
-        from miles_engine.engines.http.standalone import run_standalone
+        from miles_engine.run.engine_server import run_standalone
     except ImportError as exc:
         raise click.ClickException(f"miles serve needs the server extras ({exc.name} is missing): "
                                    f"pip install 'miles-engine[server,engine]'") from None

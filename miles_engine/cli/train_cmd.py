@@ -28,7 +28,8 @@ def train(recipe: str | None, overrides: tuple[str, ...], resume_dir: Path | Non
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from miles_engine.cli.common import cli_hub
-    from miles_engine.train.run import TrainingRun, run_recipe
+    from miles_engine.run.driver import run_recipe
+    from miles_engine.run.training import TrainingRun
 
     if resume_dir is not None:
         if recipe is not None and "=" in recipe:  # with --resume every argument is an override

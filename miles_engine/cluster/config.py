@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from miles_engine.components import Section
 
@@ -67,3 +67,28 @@ class RayOptions(Section):
         if bad:
             raise ValueError(f"resource amounts must be >= 0, got {bad}")
         return v
+
+
+class PlacementConfig(Section):
+    """Where the trainer runs relative to the engines (how many ranks: ``trainer.parallel.world_size``)."""
+
+    trainer: Literal["in_process", "subprocess"] = Field(
+        "subprocess", description="in_process: colocated with the engine (one process; only sync / one_step_off); "
+        "subprocess: its own process(es) (trainer.parallel.world_size FSDP2 ranks), so generation and training "
+        "overlap")
+    backend: Literal["local", "ray"] = Field(
+        "local", description="local: engines and trainer ranks as processes of this machine; ray: as Ray actors "
+        "on the cluster placement.ray names (docs/ray.md)")
+    ray: RayOptions = Field(default_factory=RayOptions)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "trainer_ranks" in data:
+            raise ValueError("placement.trainer_ranks was replaced by trainer.parallel.world_size (one key for the "
+                             "number of trainer ranks)")
+        return data
+
+    @property
+    def colocated(self) -> bool:
+        return self.trainer == "in_process"

@@ -25,11 +25,14 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
 from miles_engine.errors import MilesError
-from miles_engine.rollout.episodes import finish_trajectory
+from miles_engine.hub import default_hub
+from miles_engine.rollout.episodes import EpisodeTrajectories, finish_trajectory
+from miles_engine.rollout.parts import agent_factory, open_environment, open_reward, open_sandboxes
 
 log = logging.getLogger(__name__)
 
@@ -54,23 +57,16 @@ class EpisodeRunner:
     """The actor body (decorated with ``ray.remote`` by :func:`runner_class`)."""
 
     def __init__(self, spec: RunnerSpec) -> None:
-        from miles_engine.hub import default_hub
-        from miles_engine.rewards.stack import build_reward_stack
-        from miles_engine.rollout.episodes import EpisodeTrajectories
-
         os.environ.update(dict(spec.env))
         self.spec = spec
-        hub = default_hub()
-        self.source = hub.create("environment", spec.environment.name, spec.environment.options,
-                                 where="environment.options")
-        self.backend = hub.create("sandbox", spec.sandbox.backend, spec.sandbox.options, where="sandbox.options")
-        self.reward = build_reward_stack(hub, spec.reward)
+        hub = default_hub()  # an actor body is a program of its own: it builds the hub of its process
+        self._stack = AsyncExitStack()
+        self.source = open_environment(hub, spec.environment, self._stack)
+        self.backend = open_sandboxes(hub, spec.sandbox, self._stack)
+        self.reward = open_reward(hub, spec.reward, self._stack)
 
         def episodes(server_url: str) -> EpisodeTrajectories:
-            def make_agent() -> Any:
-                return hub.create("agent", spec.agent.name, {**spec.agent.options, "server_url": server_url},
-                                  where="agent.options")
-
+            make_agent = agent_factory(hub, spec.agent, server_url=server_url)
             return EpisodeTrajectories(self.backend, make_agent, self.source, self.reward)
 
         self._episodes = episodes
@@ -95,12 +91,7 @@ class EpisodeRunner:
         return await episodes(task, attempt)
 
     async def close(self) -> None:
-        from miles_engine.environments.capabilities import close_environment
-
-        if self.reward is not None:
-            await self.reward.aclose()
-        await self.backend.aclose()
-        await close_environment(self.source)
+        await self._stack.aclose()
 
 
 def runner_class(ray: Any) -> Any:

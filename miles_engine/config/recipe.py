@@ -15,22 +15,28 @@ from miles_engine.rewards.config import RewardConfig
 from miles_engine.rollout.buffer import BufferOptions
 from miles_engine.rollout.config import RolloutConfig
 from miles_engine.engines.fleet.config import EngineGroupConfig, FleetConfig
-from miles_engine.train.config import (
-    PlacementConfig,
-    RunConfig,
-    RunSessionServerConfig,
-    SFTRunConfig,
-    WeightsConfig,
-)
 from miles_engine.models.policy_tokenizer import TokenizerConfig
 from miles_engine.teachers.config import OPDRunConfig
 from miles_engine.models.tiny import TinyModelConfig
 from miles_engine.trainer.config import TrainerConfig
+from miles_engine.cluster.config import PlacementConfig
+from miles_engine.sft.config import SFTRunConfig
+from miles_engine.tito.service import RunSessionServerConfig
+from miles_engine.weights.config import WeightsConfig
 from miles_engine.config.yaml_source import apply_overrides, load_yaml_file
 from miles_engine.errors import ConfigError, MilesError
 
 if TYPE_CHECKING:
     from miles_engine.hub import Hub
+
+
+class RunConfig(Section):
+    steps: int = Field(100, ge=0, description="RL steps (0: an SFT-only run)")
+    max_minutes: float | None = Field(None, gt=0, description="stop RL after this long (wall clock, whole run)")
+    out_dir: str = "runs"
+    name: str | None = Field(None, description="run directory name (default: recipe name + timestamp)")
+    checkpoint_every: int = Field(0, ge=0, description="RL steps between checkpoints (0: only at the end)")
+    checkpoint_keep: int = Field(2, ge=1, description="newest checkpoints kept on disk")
 
 
 class ComponentRef(Section):
@@ -84,7 +90,7 @@ class RecipeConfig(Section):
 
     @model_validator(mode="after")
     def _true_on_policy(self) -> RecipeConfig:
-        # the engines' true_on_policy is derived from trainer.true_on_policy (train/compose.py): one key
+        # the engines' true_on_policy is derived from trainer.true_on_policy (run/compose.py): one key
         if self.trainer.true_on_policy:
             for i, g in enumerate(self.engines):
                 if g.kind not in ("embedded", "server") or g.dtype != "float32":
@@ -161,7 +167,7 @@ def _check_engines(recipe: RecipeConfig, hub: Hub, path: str, lines: dict[str, i
         line = lines.get("weights.transport") or lines.get("engines") or "?"
         raise ConfigError(f"{path}:{line}: {exc}") from exc
     if recipe.eval.engine is not None:  # the dedicated eval engines: their options and how snapshots reach them
-        from miles_engine.evaluation.policy import eval_transport
+        from miles_engine.engines.fleet.build import eval_transport
 
         group = recipe.eval.engine
         try:

@@ -2,7 +2,7 @@
 
 A transcript's prompt is its messages before the first assistant turn; every assistant turn
 after it is trained on (loss mask 1), everything else is context (mask 0), laid out exactly as
-the TITO session server builds a row (:func:`miles_engine.train.sft_rows.conversation_row`).
+the TITO session server builds a row (:func:`miles_engine.tito.rows.conversation_row`).
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def parse_transcript(row: dict[str, Any], fields: TranscriptFields, file: str, n
 
 def transcript_row(codec: Any, transcript: Transcript, file: str, field: str = "messages") -> tuple[list[int], list[int]]:
     """``(token_ids, loss_mask)``; a template that cannot render the row names it."""
-    from miles_engine.train.sft_rows import conversation_row
+    from miles_engine.tito.rows import conversation_row
 
     try:
         return conversation_row(codec, transcript.prompt, transcript.turns, transcript.tools)

@@ -17,3 +17,12 @@ class EngineCrashLoop(EngineUnavailable):
 
 class EngineServerError(RuntimeError):
     """The engine answered 5xx: a bug or fault inside it, not the caller's input."""
+
+
+class EngineRefusedUpdate(MilesError):
+    """An engine server refused a weight update it understood (an HTTP error with its answer); it
+    keeps its old weights. The weight transport that asked turns it into its own error."""
+
+    def __init__(self, url: str, status: int, body: object, message: str, version: int) -> None:
+        super().__init__(f"engine {url} refused the update to weight version {version} (HTTP {status}): {message}")
+        self.url, self.status, self.body, self.message, self.version = url, status, body, message, version

@@ -151,7 +151,7 @@ class ServerProcess:
 def server_command(model: str, *, engine_factory: str | None = None, dtype: str | None = None,
                    threads: int | None = None, python: str = sys.executable, extra: Sequence[str] = ()) -> list[str]:
     """argv of our HTTP server over the embedded engine (or ``engine_factory``) on loopback."""
-    cmd = [python, "-m", "miles_engine.engines.http.server", "--model", model, "--host", "127.0.0.1"]
+    cmd = [python, "-m", "miles_engine.run.engine_server", "--model", model, "--host", "127.0.0.1"]
     if engine_factory:
         cmd += ["--engine-factory", engine_factory]
     if dtype:

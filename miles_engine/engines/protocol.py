@@ -100,3 +100,9 @@ class RolloutEngine(Protocol):
     async def health(self) -> bool: ...
 
     async def aclose(self) -> None: ...
+
+
+async def engine_version(engine: Any) -> int:
+    """The version the engine itself reports (``fetch_weight_version`` when it has one)."""
+    fetch = getattr(engine, "fetch_weight_version", None)
+    return int(await fetch()) if fetch is not None else int(engine.weight_version)

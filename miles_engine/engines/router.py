@@ -235,7 +235,7 @@ class Router:
         return self._weights
 
     async def _readmit(self, slot: EngineSlot) -> None:
-        from miles_engine.weights.protocol import engine_version
+        from miles_engine.engines.protocol import engine_version
 
         async with self._weights, self._admin:
             try:

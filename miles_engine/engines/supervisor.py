@@ -1,5 +1,5 @@
 """Fault tolerance for an engine *process*: :class:`SupervisedEngine` runs our HTTP server
-(``python -m miles_engine.engines.http.server``) as a subprocess and is itself a RolloutEngine.
+(``python -m miles_engine.run.engine_server``) as a subprocess and is itself a RolloutEngine.
 
 - **Detect**: a monitor polls the process (and ``/health`` every ``health_interval_s``); a
   ``generate`` whose connection drops also triggers a check.

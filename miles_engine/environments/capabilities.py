@@ -170,3 +170,14 @@ async def close_environment(source: EnvironmentSource) -> None:
     close = getattr(source, "aclose", None)
     if close is not None:
         await close()
+
+
+def demonstrations(source: Any, n: int, seed: int, wrong_fraction: float | None = None) -> list[Any]:
+    """``n`` fresh demonstrations of an environment that makes them (the SFT warm start's data and
+    a tiny policy's tokenizer corpus); one error naming the fix when it makes none."""
+    make = getattr(source, "demonstrations", None)
+    if make is None:
+        raise ConfigError(f"environment '{getattr(source, 'name', source)}' provides no demonstrations: set "
+                          f"tokenizer.path (a trained tokenizer) and sft.enabled=false, or pick an environment "
+                          f"with demonstrations (e.g. shell-drills)")
+    return list(make(n, seed=seed, wrong_fraction=wrong_fraction))

@@ -14,44 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from miles_engine.errors import ConfigError
-
-def build_codec(hub: Any, cfg: Any, source: Any) -> Any:
-    """The policy codec of a recipe, built as the composition root builds it."""
-    from miles_engine.train.model_build import build_codec as build
-
-    return build(cfg, hub, source)
-
-
-def build_model(cfg: Any, codec: Any) -> Any:
-    from miles_engine.train.model_build import build_policy
-
-    return build_policy(cfg, codec)
-
-
-def eval_engine_group(cfg: Any) -> Any:
-    """``eval.engine``, else one embedded engine with the first training group's dtype and device
-    (and its options when that group is embedded)."""
-    from miles_engine.engines.fleet.config import EngineGroupConfig
-
-    if cfg.eval.engine is not None:  # named "eval" unless named: its engines are eval-0, eval-1, ... in logs
-        engine = cfg.eval.engine
-        return engine if engine.name else engine.model_copy(update={"name": "eval"})
-    group = cfg.engines[0]
-    options = dict(group.options) if group.kind == "embedded" else {}
-    return EngineGroupConfig(kind="embedded", name="eval", dtype=group.dtype, device=group.replica_device(0),
-                             options=options)
-
-
-def eval_transport(group: Any, kind: Any) -> str:
-    """How snapshots reach the eval engines: in-process ones share tensors, others take a broadcast."""
-    name = "colocated" if kind.in_process else "broadcast"
-    if name not in tuple(kind.transports):
-        raise ConfigError(f"eval.engine.kind={group.kind!r}: its engines take weights by {list(kind.transports)}, "
-                          f"but an eval engine is fed snapshots by {name!r}; pick an eval.engine.kind that takes it "
-                          f"(embedded, server, sglang, external)")
-    return name
-
 
 @dataclass
 class ServedPolicy:
@@ -71,7 +33,7 @@ class ServedPolicy:
                     restore: Any = None) -> ServedPolicy:
         """``restore`` (async, ``-> (tensors, version)``): what a supervised engine restarted before the
         first :meth:`load` serves (afterwards: the last loaded snapshot)."""
-        from miles_engine.engines.fleet.build import start_fleet
+        from miles_engine.engines.fleet.build import eval_engine_group, eval_transport, start_fleet
         from miles_engine.engines.fleet.kinds import FleetContext
         from miles_engine.tito.serve import start_session_server
         from miles_engine.weights import create_transport

@@ -4,16 +4,17 @@ trains the start-up teacher when asked, and provides the post-episode scoring st
 from __future__ import annotations
 
 import asyncio
-import math
-import random
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from miles_engine.environments.capabilities import demonstrations
 from miles_engine.errors import ConfigError
+from miles_engine.models.tiny import build_config, build_model
+from miles_engine.rollout.episodes import task_tags
+from miles_engine.sft.loop import demo_rows, shuffled_batches, step_count, stopper
 from miles_engine.teachers.compat import PROBE_TEXT, VocabFingerprint, fingerprint_tokenizer
 from miles_engine.teachers.config import OPDRunConfig
 from miles_engine.teachers.routing import TeacherRouter, TeacherRoutingError
@@ -67,8 +68,6 @@ class OPDSetup:
                                   f"teacher: remove one of the two")
         names = TeacherRouter(dict.fromkeys(rcfg.teachers), route_tag=rcfg.route_tag, routes=rcfg.routes,
                               default=rcfg.default)  # config errors now, before anything is built
-        from miles_engine.rollout.episodes import task_tags
-
         for ref in inputs.tasks.refs[:ROUTE_CHECK_TASKS]:
             names.name_for(task_tags(inputs.source.load_task(ref.id)), sample=f"task {ref.id!r}")
         for name, ref in rcfg.teachers.items():
@@ -134,10 +133,6 @@ class OPDSetup:
 
 def train_teacher(inputs: OPDInputs, spec: Any, out: Path, stop: Callable[[], bool] = lambda: False) -> None:
     """SFT a tiny model (the student's tokenizer) on fresh demonstrations; save it to ``out``."""
-    from miles_engine.train.model_build import demonstrations
-    from miles_engine.train.sft_rows import conversation_row
-    from miles_engine.models.tiny import build_config, build_model
-    from miles_engine.trainer.rows import SFTRow
     from miles_engine.trainer.torch_trainer import TorchTrainer
 
     cfg, tok = inputs.cfg, inputs.codec.tokenizer
@@ -145,22 +140,17 @@ def train_teacher(inputs: OPDInputs, spec: Any, out: Path, stop: Callable[[], bo
                           pad_id=tok.added_tokens.get("<|endoftext|>", 0))
     model = build_model(config, cfg.seed + 101)
     demos = demonstrations(inputs.source, spec.demos, seed=cfg.seed + 103, wrong_fraction=spec.wrong_fraction)
-    rows = [SFTRow(*conversation_row(inputs.codec, d.prompt, d.messages, d.tools)) for d in demos]
-    steps = max(1, math.ceil(len(rows) * spec.epochs / spec.batch_size))
+    rows = demo_rows(inputs.codec, demos)
+    steps = step_count(len(rows), epochs=spec.epochs, batch_size=spec.batch_size)
     trainer = TorchTrainer(model, {"optimizer": {"lr": spec.lr}, "num_threads": cfg.trainer.num_threads,
                                    "lr_schedule": {"kind": "linear", "warmup_steps": min(spec.warmup_steps, steps),
                                                    "total_steps": steps}})
-    rng, order, started = random.Random(cfg.seed + 105), [], time.monotonic()
     inputs.metrics.set_total(steps, kind="teacher")
-    for step in range(1, steps + 1):
-        if len(order) < spec.batch_size:
-            fresh = list(range(len(rows)))
-            rng.shuffle(fresh)
-            order += fresh
-        batch, order = [rows[i] for i in order[:spec.batch_size]], order[spec.batch_size:]
-        metrics = trainer.sft_step(batch)
+    should_stop = stopper(stop, spec.max_minutes)
+    for step, batch in shuffled_batches(len(rows), batch_size=spec.batch_size, steps=steps, seed=cfg.seed + 105):
+        metrics = trainer.sft_step([rows[i] for i in batch])
         inputs.metrics.log(step, {f"teacher_sft/{k}": v for k, v in metrics.items()}, kind="teacher")
-        if stop() or (spec.max_minutes and time.monotonic() - started > spec.max_minutes * 60):
+        if should_stop():
             break
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)  # left by an interrupted run

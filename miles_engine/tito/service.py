@@ -62,6 +62,15 @@ class SessionServerConfig(Section):
                        "cost ~4 % of the recipe driver's CPU")
 
 
+class RunSessionServerConfig(SessionServerConfig):
+    """The run's session server: the manager's options plus where it listens, so a harness in another
+    process or sandbox can drive the run's sessions (its URL is written to RUN_DIR/session_server.url)."""
+
+    host: str = Field("127.0.0.1", description="address the run's session server binds (loopback by default; a "
+                      "harness in a container needs an address it can reach)")
+    port: int = Field(0, ge=0, le=65535, description="its port (0: any free port)")
+
+
 class SessionManager:
     def __init__(self, engine: RolloutEngine, codec: ChatCodec, config: SessionServerConfig | None = None) -> None:
         self.engine = engine

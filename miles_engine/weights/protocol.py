@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from miles_engine.engines.protocol import engine_version
 from miles_engine.errors import MilesError
 
 if TYPE_CHECKING:
@@ -93,12 +94,6 @@ def engines_of(targets: Any) -> list[Any]:
 
 def engine_name(engine: Any, index: int) -> str:
     return str(getattr(engine, "name", None) or f"engine{index}")
-
-
-async def engine_version(engine: Any) -> int:
-    """The version the engine itself reports (``fetch_weight_version`` when it has one)."""
-    fetch = getattr(engine, "fetch_weight_version", None)
-    return int(await fetch()) if fetch is not None else int(engine.weight_version)
 
 
 async def verify_versions(engines: Sequence[Any], version: int) -> None:

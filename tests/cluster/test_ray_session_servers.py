@@ -50,7 +50,7 @@ async def _served(engines: dict[str, object]):
     import uvicorn
 
     from miles_engine.engines.http.client import HttpEngine
-    from miles_engine.engines.http.server import create_app
+    from miles_engine.run.engine_server import create_engine_app
     from miles_engine.engines.router import Router
 
     class Quiet(uvicorn.Server):
@@ -60,7 +60,7 @@ async def _served(engines: dict[str, object]):
     servers, tasks, clients = [], [], {}
     try:
         for name, engine in engines.items():
-            srv = Quiet(uvicorn.Config(create_app(engine, close_engine=False), host="127.0.0.1", port=0,
+            srv = Quiet(uvicorn.Config(create_engine_app(engine, close_engine=False), host="127.0.0.1", port=0,
                                        log_level="warning", lifespan="off"))
             tasks.append(asyncio.create_task(srv.serve()))
             servers.append(srv)
@@ -79,7 +79,7 @@ async def _served(engines: dict[str, object]):
 async def _start(cluster, router, codec, *, runners: int, retries: int = 1):  # noqa: F811
     from miles_engine.cluster.episode_runners import RayEpisodeRunners, RunnerSpec
     from miles_engine.cluster.session_servers import RaySessionServers
-    from miles_engine.train.config import RunSessionServerConfig
+    from miles_engine.tito.service import RunSessionServerConfig
 
     servers = RaySessionServers(cluster, router, codec, RunSessionServerConfig(), count=1, resources={"CPU": 0.5})
     await servers.start()

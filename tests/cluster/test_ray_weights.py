@@ -16,8 +16,8 @@ import pytest
 
 from miles_engine.config import load_recipe
 from miles_engine.hub import default_hub
-from miles_engine.train.compose import Teardown, _engine_kinds, _start_engines, _start_placement, _start_transport
-from miles_engine.train.trainer_access import TrainerAccess
+from miles_engine.run.compose import Teardown, _engine_kinds, _start_engines, _start_placement, _start_transport
+from miles_engine.run.trainer_access import TrainerAccess
 from miles_engine.trainer.distributed import FSDPTrainer
 from miles_engine.weights import WeightPushError
 from miles_engine.weights.tensors import digests
@@ -67,8 +67,8 @@ def test_rank0_broadcasts_checked_pushes_without_the_driver_holding_tensors(tmp_
             placement = await _start_placement(cfg, kinds, tmp_path, stack)
             trainer = await asyncio.to_thread(TrainerAccess.create, policy, cfg, ranks=placement.trainer_ranks())
             stack.push_async_callback(asyncio.to_thread, trainer.close)
-            engines, _ = await _start_engines(cfg, kinds, tmp_path, policy, trainer, placement, stack)
-            transport = await _start_transport(cfg, tmp_path, engines, None, trainer, None, placement, stack)
+            engines = await _start_engines(cfg, kinds, tmp_path, policy, trainer, placement, stack)
+            transport = await _start_transport(cfg, tmp_path, engines, kinds, trainer, None, placement, stack)
             sender = trainer._rank0
             assert sender is not None and transport.inner.sender is sender
             ports: list[int] = []  # each group's rendezvous port on rank 0's node

@@ -13,7 +13,7 @@ import yaml
 
 from miles_engine.config.recipe import load_recipe
 from miles_engine import checkpoint
-from miles_engine.train.run import run_recipe
+from miles_engine.run.driver import run_recipe
 
 pytestmark = pytest.mark.slow
 

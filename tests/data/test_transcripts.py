@@ -12,7 +12,7 @@ from miles_engine.hub import Hub
 from miles_engine.tito import make_codec
 from miles_engine.tito.messages import normalize_messages, normalize_tools
 from miles_engine.models.policy_tokenizer import TokenizerConfig, policy_tokenizer
-from miles_engine.train.sft_data import SFTDatasetConfig, load_sft_data, read_transcripts, schedule
+from miles_engine.sft.dataset import SFTDatasetConfig, load_sft_data, read_transcripts, schedule
 
 
 def drill_rows(n: int, seed: int = 3) -> list[dict]:

@@ -157,7 +157,8 @@ def test_eval_sampling_overrides_reach_the_recipe_agent() -> None:
     from types import SimpleNamespace
 
     from miles_engine.config.recipe import load_recipe
-    from miles_engine.evaluation import evaluator, standalone
+    from miles_engine.evaluation import evaluator
+    from miles_engine.run import evaluate as standalone
     from miles_engine.hub import default_hub
 
     cfg = load_recipe("tiny-terminal", ["eval.sampling.temperature=0", "eval.sampling.max_tokens=7"])

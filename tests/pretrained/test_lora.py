@@ -97,7 +97,7 @@ def test_lora_push_over_broadcast_to_an_engine_process(tmp_path):
     from miles_engine.engines.launch import ServerProcess
 
     (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN3))
-    argv = [sys.executable, "-m", "miles_engine.engines.http.server", "--model", str(tmp_path / "config.json"),
+    argv = [sys.executable, "-m", "miles_engine.run.engine_server", "--model", str(tmp_path / "config.json"),
             "--port", "0", "--port-file", str(tmp_path / "port"), "--threads", "1", "--dtype", "float32"]
     proc = ServerProcess(argv, port_file=tmp_path / "port", cwd=REPO, name="engine",
                          env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})

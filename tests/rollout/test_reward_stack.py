@@ -188,7 +188,7 @@ def test_buffer_applies_reward_on_error(on_error, policy, expected):
 
 
 def test_trajectory_records_whether_a_generation_hit_max_tokens():
-    from miles_engine.train.group_metrics import group_metrics
+    from miles_engine.run.step_metrics import group_metrics
 
     row = {"token_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "rollout_logprobs": [0.0, -1.0, -1.0],
            "weight_versions": [None, 0, 0]}

@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _engine_pids(marker: str) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"engines.http.server.*{marker}"], capture_output=True, text=True).stdout
+    out = subprocess.run(["pgrep", "-f", f"run.engine_server.*{marker}"], capture_output=True, text=True).stdout
     return [int(p) for p in out.split()]
 
 

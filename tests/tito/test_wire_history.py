@@ -13,7 +13,7 @@ from typing import Any
 from miles_engine.rollout.types import Group, Trajectory
 from miles_engine.tito import anthropic_api, responses_api
 from miles_engine.tito.diagnostic import summarize_by_wire
-from miles_engine.train.group_metrics import group_metrics
+from miles_engine.run.step_metrics import group_metrics
 
 from .helpers import BASH, asgi, assert_exact, make_server, sampled_text
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from miles_engine.train import engine_metrics
-from miles_engine.train.engine_metrics import EngineStepMetrics
+from miles_engine.run import step_metrics as engine_metrics
+from miles_engine.run.step_metrics import EngineStepMetrics
 
 
 class CountingEngine:
@@ -41,7 +41,7 @@ def test_engines_without_a_stats_dict_add_nothing():
 
 
 def test_sandbox_step_metrics_come_from_backends_that_have_them():
-    from miles_engine.train.engine_metrics import sandbox_step_metrics
+    from miles_engine.run.step_metrics import sandbox_step_metrics
 
     class Backend:
         def step_metrics(self) -> dict:

@@ -13,7 +13,7 @@ import pytest
 from miles_engine.config.recipe import load_recipe
 from miles_engine.engines.router import NoHealthyEngine, Router
 from miles_engine.rollout.buffer import AsyncBuffer
-from miles_engine.train.run import TrainingRun
+from miles_engine.run.training import TrainingRun
 from tests.engines.fakes import FakeEngine
 
 

@@ -76,7 +76,7 @@ class RunWatcher:
         log = str(self.run / "engines" / name / "server.log")
         for proc in self.tree():
             try:
-                if any(f.path == log for f in proc.open_files()) and "http.server" in " ".join(proc.cmdline()):
+                if any(f.path == log for f in proc.open_files()) and "run.engine_server" in " ".join(proc.cmdline()):
                     return proc.parent()
             except psutil.Error:
                 continue
@@ -166,7 +166,7 @@ def test_ray_placement_learns_and_survives_an_engine_actor_kill(warm_run: Path, 
 
 def test_a_local_run_never_imports_ray() -> None:
     """Ray is imported by the Ray placement only (core imports stay light)."""
-    code = "import miles_engine.train.compose, sys; print('ray' in sys.modules)"
+    code = "import miles_engine.run.compose, sys; print('ray' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
 
 

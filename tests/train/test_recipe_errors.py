@@ -9,7 +9,7 @@ import pytest
 
 from miles_engine.config import load_recipe
 from miles_engine.errors import ConfigError, SandboxUnsupportedError
-from miles_engine.train.compose import compose
+from miles_engine.run.compose import compose
 
 
 def build_error(tmp_path: Path, overrides: list[str]) -> str:

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from miles_engine.config.recipe import load_recipe
-from miles_engine.train.compose import compose
+from miles_engine.run.compose import compose
 
 
 def _free_port() -> int:

@@ -10,7 +10,7 @@ from miles_engine.tito.messages import normalize_messages, normalize_tools
 from miles_engine.tito.service import SessionManager
 from miles_engine.engines.scripted import ScriptedEngine
 from miles_engine.models.policy_tokenizer import TokenizerConfig, policy_tokenizer
-from miles_engine.train.sft_rows import assistant_text, conversation_row
+from miles_engine.tito.rows import assistant_text, conversation_row
 
 
 def drills_codec(n: int = 400):

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 def server(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("engine")
     (tmp / "config.json").write_text(json.dumps(TINY_QWEN3))
-    argv = [sys.executable, "-m", "miles_engine.engines.http.server", "--model", str(tmp / "config.json"),
+    argv = [sys.executable, "-m", "miles_engine.run.engine_server", "--model", str(tmp / "config.json"),
             "--port", "0", "--port-file", str(tmp / "port"), "--threads", "1", "--dtype", "float32"]
     proc = ServerProcess(argv, port_file=tmp / "port", cwd=REPO, name="engine",
                          env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})

@@ -11,7 +11,7 @@ import torch
 from pydantic import ValidationError
 
 from miles_engine.engines.embedded.engine import EmbeddedEngine
-from miles_engine.train.config import WeightsConfig
+from miles_engine.weights.config import WeightsConfig
 from miles_engine.weights import PushStats, WeightPushError, create_transport
 from miles_engine.weights.check import CheckOptions, CheckTolerance
 from miles_engine.weights.check.compare import max_abs_diff, random_fill_as, same_bytes

@@ -30,7 +30,7 @@ class ColocatedSkippingOne(ColocatedTransport):
 
 
 async def _train(cfg, run_dir: Path, switch_intervals: list[float] | None = None) -> int:
-    from miles_engine.train.run import run_recipe
+    from miles_engine.run.driver import run_recipe
 
     def started(_run: object) -> None:
         if switch_intervals is not None:

@@ -20,7 +20,7 @@ SHORT = ["sft.enabled=false", "tokenizer.corpus_demos=300", "rollout.mode=sync",
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("encoding", ["xor", "overwrite"])
 def test_tiny_recipe_runs_over_disk_delta(tmp_path: Path, encoding: str) -> None:
-    from miles_engine.train.run import run_recipe
+    from miles_engine.run.driver import run_recipe
 
     cfg = load_recipe("tiny-terminal", [*SHORT, f"weights.disk_delta.encoding={encoding}",
                                         f"run.out_dir={tmp_path}"])

@@ -40,7 +40,7 @@ def _server(tmp: Path) -> ServerProcess:
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / "config.json").write_text(json.dumps(TINY_QWEN3))
     (tmp / "port").unlink(missing_ok=True)
-    argv = [sys.executable, "-m", "miles_engine.engines.http.server", "--model", str(tmp / "config.json"),
+    argv = [sys.executable, "-m", "miles_engine.run.engine_server", "--model", str(tmp / "config.json"),
             "--port", "0", "--port-file", str(tmp / "port"), "--threads", "1", "--dtype", "float32"]
     return ServerProcess(argv, port_file=tmp / "port", cwd=REPO, name="engine", log_path=tmp / "server.log",
                          env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
@@ -259,13 +259,13 @@ def test_apply_on_engine_needs_our_engine_server(tmp_path: Path) -> None:
     from miles_engine.errors import ConfigError
     from miles_engine.weights.disk_delta.errors import DiskDeltaError
     from miles_engine.weights.disk_delta.options import DiskDeltaOptions
-    from miles_engine.weights.disk_delta.remote import pulls_itself
+    from miles_engine.weights.disk_delta.remote import RemoteDeltaSync, pulls_itself
 
     sglang = HttpEngine("http://127.0.0.1:9", name="sglang-0",
                         transport=httpx.MockTransport(lambda _: httpx.Response(404, json={"detail": "Not Found"})))
     with pytest.raises(DiskDeltaError, match=r"engine http://127.0.0.1:9 has no /update_weights_from_disk_delta.*"
                                              r"apply_on=trainer"):
-        run(sglang.update_weights_from_disk_delta(str(tmp_path), 1, engine="sglang-0"), 10)
+        run(RemoteDeltaSync(sglang, tmp_path, DiskDeltaOptions(), name="sglang-0").sync(1), 10)
     run(sglang.aclose(), 10)
     auto, forced = DiskDeltaOptions(), DiskDeltaOptions(apply_on="engine")
     assert pulls_itself(sglang, auto, "sglang-0") is False  # a real SGLang server: the trainer applies

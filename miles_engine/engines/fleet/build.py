@@ -67,3 +67,25 @@ async def start_fleet(groups: Sequence[EngineGroupConfig], kinds: Sequence[Engin
     await router.start()
     stack.push_async_callback(router.stop_health_checks)
     return router
+
+
+def eval_engine_group(cfg: Any) -> Any:
+    """``eval.engine``, else one embedded engine with the first training group's dtype and device
+    (and its options when that group is embedded)."""
+    if cfg.eval.engine is not None:  # named "eval" unless named: its engines are eval-0, eval-1, ... in logs
+        engine = cfg.eval.engine
+        return engine if engine.name else engine.model_copy(update={"name": "eval"})
+    group = cfg.engines[0]
+    options = dict(group.options) if group.kind == "embedded" else {}
+    return EngineGroupConfig(kind="embedded", name="eval", dtype=group.dtype, device=group.replica_device(0),
+                             options=options)
+
+
+def eval_transport(group: Any, kind: Any) -> str:
+    """How snapshots reach the eval engines: in-process ones share tensors, others take a broadcast."""
+    name = "colocated" if kind.in_process else "broadcast"
+    if name not in tuple(kind.transports):
+        raise ConfigError(f"eval.engine.kind={group.kind!r}: its engines take weights by {list(kind.transports)}, "
+                          f"but an eval engine is fed snapshots by {name!r}; pick an eval.engine.kind that takes it "
+                          f"(embedded, server, sglang, external)")
+    return name

@@ -1,4 +1,4 @@
-"""``server``: our engine server (``python -m miles_engine.engines.http.server``) as processes the
+"""``server``: our engine server (``python -m miles_engine.run.engine_server``) as processes the
 run launches on loopback and supervises: a process that dies or hangs is restarted with the
 trainer's current weights and version, and the requests it held are re-sent."""
 

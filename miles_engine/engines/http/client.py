@@ -23,7 +23,7 @@ from typing import Any
 
 import httpx
 
-from miles_engine.engines.errors import EngineServerError, EngineUnavailable
+from miles_engine.engines.errors import EngineRefusedUpdate, EngineServerError, EngineUnavailable
 from miles_engine.engines.http import tensors, wire
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TensorMeta
 
@@ -232,14 +232,12 @@ class HttpEngine:
                                              pull_timeout_s: float = 60.0, resync: bool = False) -> dict[str, Any]:
         """Our server only (not SGLang's): the engine pulls the disk_delta versions it lacks from
         ``publish_root`` (as mounted on its host), verifies, loads ``version``; returns its answer
-        (``stats``: pull/apply/pause seconds, wire bytes). A refusal raises the matching
-        :mod:`miles_engine.weights.disk_delta.errors` class naming this engine's URL; the engine
+        (``stats``: pull/apply/pause seconds, wire bytes). A refusal raises :class:`EngineRefusedUpdate`
+        with the server's answer (the disk_delta transport maps it to its own error class); the engine
         keeps its old weights. Retried on transport errors: a second call for a version the engine
         already holds changes nothing. ``resync``: the engine may have been restarted or loaded other
         weights since its last sync; if its disk_delta copy does not match what it serves, it rebuilds
         the copy (baseline or local copy, replayed) and loads ``version`` in full."""
-        from miles_engine.weights.disk_delta.errors import remote_sync_error
-
         body = {"publish_root": str(publish_root), "version": int(version), "engine": engine,
                 "local_dir": local_dir, "snapshot_every": int(snapshot_every), "pause_mode": pause_mode,
                 "pull_timeout_s": float(pull_timeout_s)}
@@ -251,7 +249,7 @@ class HttpEngine:
         except ValueError:
             data = None
         if resp.status_code >= 400 or not isinstance(data, dict) or data.get("success") is not True:
-            raise remote_sync_error(self.base_url, resp.status_code, data, self._message(resp), version)
+            raise EngineRefusedUpdate(self.base_url, resp.status_code, data, self._message(resp), version)
         self._version = wire.parse_version(data["weight_version"])
         return data
 

@@ -17,17 +17,19 @@ Session affinity key: body ``session_id`` (recent SGLang) or ``routing_key`` (SG
 Per-token weight versions: ``meta_info["weight_versions"]`` spans, exactly as recent SGLang.
 Bad input → 400 ``{"error": {"message", "type"}}``; engine faults → 500; the server keeps serving.
 
-Run standalone: ``python -m miles_engine.engines.http.server --model PATH|CONFIG [--port P]``.
+The weight-sync routes are mounted by the process that serves the engine
+(:mod:`miles_engine.run.engine_server`: ``python -m miles_engine.run.engine_server --model
+PATH|CONFIG [--port P]``, or ``miles serve``).
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,7 @@ from fastapi.responses import JSONResponse, Response
 
 from miles_engine import __version__
 from miles_engine.engines.errors import EngineUnavailable
-from miles_engine.engines.http import DEFAULT_ENGINE_FACTORY, scoring, tensors, wire
+from miles_engine.engines.http import scoring, tensors, wire
 from miles_engine.engines.http.wire import BadRequest, error_body
 from miles_engine.engines.protocol import GenerateRequest, RolloutEngine, SamplingParams
 from miles_engine.errors import MilesError
@@ -77,11 +79,18 @@ async def _json(request: Request, required: bool = True) -> dict[str, Any]:
     return body
 
 
+# A route group mounted by the program that serves the engine: (app, engine, the lock every weight
+# update holds, the JSON body parser). The engine server process mounts the weight-sync ones.
+RouteGroup = Callable[[FastAPI, RolloutEngine, asyncio.Lock, Callable[[Request], Awaitable[dict[str, Any]]]], Any]
+
+
 def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_engine: bool = True,
-               tokenizer: Any = None, otel: bool = False) -> FastAPI:
+               tokenizer: Any = None, otel: bool = False, routes: Sequence[RouteGroup] = ()) -> FastAPI:
     """A FastAPI app serving ``engine``; ``close_engine`` closes it on app shutdown. ``tokenizer``
     (default: ``tokenizer.json`` in the model directory) serves ``/v1/tokenize``. ``otel``: FastAPI's
-    native OpenTelemetry instrumentation (see :func:`miles_engine.fastapi_app.new_fastapi_app`)."""
+    native OpenTelemetry instrumentation (see :func:`miles_engine.fastapi_app.new_fastapi_app`).
+    ``routes``: more route groups (:func:`miles_engine.run.engine_server.create_engine_app` adds the
+    weight-sync ones)."""
     inflight: dict[str, GenerateRequest] = {}
     tok = scoring.find_tokenizer(engine, model_path, tokenizer)
     state = {"paused": False, "started": time.time()}
@@ -275,32 +284,6 @@ def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_en
         found = await asyncio.gather(*(engine.abort(r) for r in rids))
         return {"success": any(found), "aborted": [r for r, ok in zip(rids, found) if ok]}
 
-    from miles_engine.weights.endpoints import add_weight_sync_routes
-
-    add_weight_sync_routes(app, engine, update_lock=weights_lock, parse=_json)
-    from miles_engine.weights.disk_delta.engine_server import add_disk_delta_routes
-
-    add_disk_delta_routes(app, engine, update_lock=weights_lock, parse=_json)
+    for add_routes in routes:
+        add_routes(app, engine, weights_lock, _json)
     return app
-
-
-# --------------------------------------------------------------------------- process entry point
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m miles_engine.engines.http.server", description=__doc__.split("\n")[0])
-    p.add_argument("--model", required=True, help="model directory, config.json, .gguf, or tiny:<type> spec")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=30000)
-    p.add_argument("--port-file", help="write the bound port here once listening (use with --port 0)")
-    p.add_argument("--dtype", default=None)
-    p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--engine-factory", default=DEFAULT_ENGINE_FACTORY, help="module:function building the engine")
-    p.add_argument("--engine-options", default=None, help="JSON object of more keyword options for the factory")
-    p.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process is gone")
-    p.add_argument("--log-level", default="warning")
-    from miles_engine.engines.http.standalone import run_standalone
-
-    run_standalone(**{k.replace("-", "_"): v for k, v in vars(p.parse_args(argv)).items()})
-
-
-if __name__ == "__main__":
-    main()

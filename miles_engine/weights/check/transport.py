@@ -29,7 +29,8 @@ from miles_engine.weights.check.options import CheckOptions
 from miles_engine.weights.check.errors import WeightCheckError
 from miles_engine.weights.check.exported import as_export, engine_dtypes
 from miles_engine.weights.check.readback import EngineReader, reader_for
-from miles_engine.weights.protocol import PushStats, WeightPushError, engine_version, engines_of
+from miles_engine.engines.protocol import engine_version
+from miles_engine.weights.protocol import PushStats, WeightPushError, engines_of
 
 if TYPE_CHECKING:
     import torch

@@ -24,7 +24,7 @@ from miles_engine.weights.disk_delta.errors import DiskDeltaError, LineageError,
 from miles_engine.weights.disk_delta.layout import INDEX, VersionIndex, read_index, version_dir
 from miles_engine.weights.disk_delta.options import DiskDeltaOptions
 from miles_engine.weights.disk_delta.retention import drop_lease, write_lease
-from miles_engine.weights.protocol import engine_version
+from miles_engine.engines.protocol import engine_version
 
 log = logging.getLogger(__name__)
 

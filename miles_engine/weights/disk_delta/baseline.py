@@ -132,3 +132,18 @@ def check_exported(named: Iterable[tuple[str, Any]], index: VersionIndex) -> lis
         raise BaselineMismatchError(f"{len(problems)} exported tensors do not match the baseline "
                                     f"(weight_v000000): " + "; ".join(problems))
     return out
+
+
+def write_baseline(tensors: list[tuple[str, Any]], path: Path) -> str:
+    """The policy's weights as the trainer exports them, for a run whose engines are other processes
+    (they start from these weights: version 0 is exactly this file). Written once under a
+    temporary name and renamed; a resumed run keeps the file its versions were published against."""
+    from safetensors.torch import save_file
+
+    from miles_engine.engines.http.tensors import untied_cpu
+
+    if not path.is_file():
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(untied_cpu(dict(tensors)), str(tmp))
+        tmp.rename(path)
+    return str(path)

@@ -70,7 +70,7 @@ def _engine_applier_class() -> type:
     from miles_engine.weights.disk_delta.layout import read_index
     from miles_engine.weights.disk_delta.local_copy import LocalCopyStore
     from miles_engine.weights.disk_delta.retention import write_lease
-    from miles_engine.weights.protocol import engine_version
+    from miles_engine.engines.protocol import engine_version
 
     class EngineDeltaApplier(DeltaApplier):
         """A :class:`DeltaApplier` running next to its engine: loads under the server's weights
@@ -190,7 +190,7 @@ class DiskDeltaHost:
         self.applier, self.attached = applier, req
 
     async def sync(self, req: DeltaSyncRequest) -> dict[str, Any]:
-        from miles_engine.weights.protocol import engine_version
+        from miles_engine.engines.protocol import engine_version
 
         async with self._lock:
             if self.applier is not None and req.resync and self.applier.held != await engine_version(self.engine):

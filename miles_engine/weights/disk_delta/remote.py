@@ -8,8 +8,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from miles_engine.engines.errors import EngineRefusedUpdate
 from miles_engine.errors import ConfigError
 from miles_engine.weights.disk_delta.applier import ApplyStats
+from miles_engine.weights.disk_delta.errors import remote_sync_error
 from miles_engine.weights.disk_delta.options import DiskDeltaOptions
 from miles_engine.weights.disk_delta.retention import _SAFE
 
@@ -42,12 +44,15 @@ class RemoteDeltaSync:
 
     async def sync(self, target: int) -> ApplyStats:
         o = self.options
-        answer = await self.engine.update_weights_from_disk_delta(
-            self.publish_root, target, engine=self.name, local_dir=self.local_dir, snapshot_every=o.snapshot_every,
-            pause_mode=o.pause_mode, pull_timeout_s=o.pull_timeout_s,
-            # after the first sync the engine may have been restarted (its copy is gone) or loaded
-            # restored weights: it checks its copy against what it serves and resyncs in full
-            resync=self.held is not None)
+        try:
+            answer = await self.engine.update_weights_from_disk_delta(
+                self.publish_root, target, engine=self.name, local_dir=self.local_dir, snapshot_every=o.snapshot_every,
+                pause_mode=o.pause_mode, pull_timeout_s=o.pull_timeout_s,
+                # after the first sync the engine may have been restarted (its copy is gone) or loaded
+                # restored weights: it checks its copy against what it serves and resyncs in full
+                resync=self.held is not None)
+        except EngineRefusedUpdate as exc:  # the engine server's error type picks the class
+            raise remote_sync_error(exc.url, exc.status, exc.body, exc.message, exc.version) from None
         known = {f.name for f in dataclasses.fields(ApplyStats)}
         stats = ApplyStats(**{k: v for k, v in dict(answer.get("stats") or {}).items() if k in known})
         self.held, self.snapshot_version = int(answer["weight_version"]), answer.get("snapshot_version")

@@ -107,14 +107,14 @@ def test_abort_on_empty_sglang_body_and_finish_abort() -> None:
 def test_server_aborts_a_request_whose_client_went_away() -> None:
     import uvicorn
 
-    from miles_engine.engines.http.server import create_app
-    from miles_engine.engines.http.standalone import bind_socket
+    from miles_engine.run.engine_server import create_engine_app
+    from miles_engine.run.engine_server import bind_socket
     from tests.engines.fakes import FakeEngine
 
     async def main() -> None:
         engine = FakeEngine(step_delay=0.01)
         sock = bind_socket("127.0.0.1", 0)
-        server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning"))
+        server = uvicorn.Server(uvicorn.Config(create_engine_app(engine), log_level="warning"))
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         client = HttpEngine(f"http://127.0.0.1:{sock.getsockname()[1]}", generate_timeout=0.3, retries=20,
                             backoff_s=0.05)

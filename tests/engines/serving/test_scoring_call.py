@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from miles_engine.engines.embedded import load_engine
-from miles_engine.engines.http.server import create_app
+from miles_engine.run.engine_server import create_engine_app
 from tests.teachers.helpers import make_model_dir, tiny_tokenizer
 
 pytestmark = pytest.mark.timeout(120)
@@ -24,7 +24,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _with_server(model_dir: Path, fn, *, tokenizer: bool = True):  # type: ignore[no-untyped-def]
     async def main():  # type: ignore[no-untyped-def]
         engine = load_engine(str(model_dir))
-        app = create_app(engine, model_path=str(model_dir) if tokenizer else None)
+        app = create_engine_app(engine, model_path=str(model_dir) if tokenizer else None)
         try:
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://srv") as c:
                 return await fn(c, engine)
@@ -104,7 +104,7 @@ def test_no_tokenizer_and_no_scorer_are_named() -> None:
     from tests.engines.fakes import FakeEngine
 
     async def main() -> None:
-        app = create_app(FakeEngine())
+        app = create_engine_app(FakeEngine())
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://srv") as c:
             r = await c.post("/v1/tokenize", json={"prompt": "x"})
             assert r.status_code == 400 and "has no tokenizer" in r.json()["error"]["message"]

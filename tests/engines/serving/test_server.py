@@ -16,15 +16,15 @@ from safetensors.torch import save_file
 
 from miles_engine.engines.http import tensors, wire
 from miles_engine.engines.http.client import HttpEngine
-from miles_engine.engines.http.server import create_app
-from miles_engine.engines.http.standalone import bind_socket
+from miles_engine.run.engine_server import create_engine_app
+from miles_engine.run.engine_server import bind_socket
 from miles_engine.engines.protocol import GenerateRequest, SamplingParams
 from tests.engines.fakes import FakeEngine
 
 
 def run_with(engine: FakeEngine, fn: Callable[[httpx.AsyncClient], Awaitable[Any]]) -> Any:
     async def main() -> Any:
-        app = create_app(engine)
+        app = create_engine_app(engine)
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://srv") as c:
             return await fn(c)
     return asyncio.run(main())
@@ -204,7 +204,7 @@ def test_pause_continue_abort_and_info() -> None:
 def test_client_reads_per_token_versions_across_an_in_place_update() -> None:
     async def main() -> None:
         engine = FakeEngine(step_delay=0.01, moe=True)
-        client = HttpEngine("http://srv", transport=httpx.ASGITransport(app=create_app(engine)))
+        client = HttpEngine("http://srv", transport=httpx.ASGITransport(app=create_engine_app(engine)))
         await client.connect()
         assert [m.name for m in client.weight_metadata()] == ["embed.weight", "head.bias"]
         req = GenerateRequest([5, 6], SamplingParams(max_new_tokens=40), session_id="s1", return_routed_experts=True)
@@ -232,7 +232,7 @@ def test_real_uvicorn_on_an_ephemeral_loopback_port() -> None:
         engine = FakeEngine()
         sock = bind_socket("127.0.0.1", 0)
         port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning"))
+        server = uvicorn.Server(uvicorn.Config(create_engine_app(engine), log_level="warning"))
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         client = HttpEngine(f"http://127.0.0.1:{port}", retries=10, backoff_s=0.05)
         try:

@@ -65,7 +65,7 @@ def grade_paris(prompt: str) -> str:
 @contextlib.asynccontextmanager
 async def http_judge(model: ScriptedJudgeModel) -> AsyncIterator[str]:
     """Serve ``model`` on 127.0.0.1 with miles' SGLang-compatible server; yield its URL."""
-    from miles_engine.engines.http.standalone import serve
+    from miles_engine.run.engine_server import serve
 
     ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
     server = asyncio.create_task(serve(model, host="127.0.0.1", port=0, on_ready=ready.set_result))

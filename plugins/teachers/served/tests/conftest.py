@@ -29,7 +29,7 @@ def teacher_dir(tmp_path_factory: pytest.TempPathFactory, student_tok) -> Path:
 def miles_server(teacher_dir: Path):
     """miles' SGLang-compatible server over the embedded engine; ``.generate_calls`` counts sampling."""
     from miles_engine.engines.embedded import load_engine
-    from miles_engine.engines.http.server import create_app
+    from miles_engine.run.engine_server import create_engine_app
 
     engine = load_engine(str(teacher_dir))
     calls: list[object] = []
@@ -40,7 +40,7 @@ def miles_server(teacher_dir: Path):
         return await original(request)
 
     engine.generate = counted  # type: ignore[method-assign]
-    with ServerThread(create_app(engine, model_path=str(teacher_dir))) as server:
+    with ServerThread(create_engine_app(engine, model_path=str(teacher_dir))) as server:
         server.generate_calls = calls
         yield server
 

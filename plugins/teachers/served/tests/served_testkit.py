@@ -48,7 +48,7 @@ class ServerThread:
     def __init__(self, app: Any) -> None:
         import uvicorn
 
-        from miles_engine.engines.http.standalone import bind_socket
+        from miles_engine.run.engine_server import bind_socket
 
         self.sock = bind_socket("127.0.0.1", 0)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"

@@ -1,5 +1,5 @@
 """A training run's state and the small verbs the driver calls (warm start, push, next groups,
-train, checkpoint, log), over the components :func:`~miles_engine.train.compose.compose` built."""
+train, checkpoint, log), over the components :func:`~miles_engine.run.compose.compose` built."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from miles_engine import checkpoint
 from miles_engine.checkpoint import consumed
 from miles_engine.checkpoint import crash_points
 from miles_engine.checkpoint import resume
-from miles_engine.train.compose import Components
-from miles_engine.train.engine_metrics import EngineStepMetrics, sandbox_step_metrics
-from miles_engine.train.group_metrics import group_metrics
+from miles_engine.run.compose import Components
+from miles_engine.run.step_metrics import EngineStepMetrics, sandbox_step_metrics
+from miles_engine.run.step_metrics import group_metrics
 
 _UNPREFIXED = ("opd/", "tis/")  # trainer metrics the report reads under their own names
 
@@ -48,7 +48,7 @@ class TrainingRun:
         consumed.truncate_after(self.run_dir, loaded.step)
         checkpoint.set_rng_states(loaded.rng)
         self.step = self.current_step = self.saved_step = self.parts.progress.step = loaded.step
-        self.checkpoint_metrics["checkpoint/restore_s"] = time.perf_counter() - t0 + getattr(loaded, "load_s", 0.0)
+        self.checkpoint_metrics["checkpoint/restore_s"] = time.perf_counter() - t0 + loaded.load_s
         print(f"resumed from {loaded.path}: step {loaded.step}, weight version {self.version}, data cursor "
               f"{loaded.rollout.cursor}, {len(loaded.rollout.buffered)} buffered group(s) restored, "
               f"{len(loaded.rollout.requeued)} running group(s) requeued")
@@ -67,7 +67,7 @@ class TrainingRun:
 
     async def warm_start(self) -> None:
         from miles_engine.evaluation.splits import resume_split_change
-        from miles_engine.train.sft import SFTInputs, run_sft
+        from miles_engine.sft.warm_start import SFTInputs, run_sft
 
         if self.parts.opd is not None:
             await self.parts.opd.prepare(stop=lambda: self.stop_requested)
@@ -169,17 +169,3 @@ class TrainingRun:
         metrics["time/elapsed"] = time.monotonic() - self.started
         p.metrics.log(step, metrics)
         p.samples.write(step, self.version, groups)
-
-
-async def run_recipe(cfg: Any, run_dir: Any, *, hub: Any = None, resume: bool = False,
-                     on_start: Any = None) -> int:
-    """Compose the recipe's components, run the driver, tear everything down; the last step.
-    ``on_start(run)`` sees the run before its first step (signal handlers, tests)."""
-    from miles_engine.train.compose import compose
-    from miles_engine.train.driver import train
-
-    async with compose(cfg, run_dir, hub=hub, resume_run=resume) as parts:
-        run = await TrainingRun(parts).restore()
-        if on_start is not None:
-            on_start(run)
-        return await train(run)

@@ -14,14 +14,14 @@ import asyncio
 import copy
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from miles_engine.errors import ConfigError
 from miles_engine import checkpoint
-from miles_engine.train.sft_data import SFTData, export_demonstrations, load_sft_data, schedule
-
-if TYPE_CHECKING:
-    from miles_engine.train.sft import SFTInputs
+from miles_engine.checkpoint import resume
+from miles_engine.checkpoint.compat import check, flatten
+from miles_engine.errors import ConfigError
+from miles_engine.sft.config import SFTInputs
+from miles_engine.sft.dataset import SFTData, export_demonstrations, load_sft_data, schedule
 
 _MAY_CHANGE = ("max_minutes", "dataset.eval_every", "dataset.checkpoint_every")
 
@@ -80,8 +80,6 @@ class EvalLoss:
 
 
 def _manifest(inputs: SFTInputs, data: SFTData, steps: int, step: int) -> dict[str, Any]:
-    from miles_engine.checkpoint import resume
-
     config = inputs.cfg.model_dump(mode="json")
     info = resume.manifest_info(config, inputs.tokenizer_sha, inputs.trainer.weight_version,
                                 checkpoint.RolloutState(cursor=step))
@@ -90,8 +88,6 @@ def _manifest(inputs: SFTInputs, data: SFTData, steps: int, step: int) -> dict[s
 
 
 def _check_same_sft(saved: dict[str, Any], now: dict[str, Any], path: Path) -> None:
-    from miles_engine.checkpoint.compat import flatten
-
     old, new = flatten(saved["config"]), flatten(now["config"])
     diffs = [f"  sft.{k}: checkpoint {old.get(k)!r}, now {new.get(k)!r}" for k in sorted(set(old) | set(new))
              if old.get(k) != new.get(k) and not k.startswith(_MAY_CHANGE)]
@@ -103,8 +99,6 @@ def _check_same_sft(saved: dict[str, Any], now: dict[str, Any], path: Path) -> N
 
 
 async def _restore(inputs: SFTInputs, data: SFTData, steps: int) -> int:
-    from miles_engine.checkpoint.compat import check
-
     loaded = await asyncio.to_thread(checkpoint.load_latest, sft_root(_run_dir(inputs)))
     check(loaded.manifest, inputs.cfg.model_dump(mode="json"), inputs.tokenizer_sha, loaded.path,
           rules=inputs.resume_rules)

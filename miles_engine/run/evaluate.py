@@ -12,14 +12,23 @@ import contextlib
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Sequence
+from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from miles_engine.checkpoint.export import read_policy
+from miles_engine.checkpoint.resume import tokenizer_sha256
+from miles_engine.config.recipe import RecipeConfig
+from miles_engine.environments.capabilities import preflight
 from miles_engine.errors import ConfigError
+from miles_engine.evaluation.policy import ServedPolicy
 from miles_engine.evaluation import stats
 from miles_engine.evaluation.runner import AttemptRecord, per_task_values, run_eval, summary_metrics
 from miles_engine.evaluation.splits import EvalTasks, select_eval_tasks
+from miles_engine.hub import Hub
+from miles_engine.rollout.parts import agent_factory, open_environment, open_reward, open_sandboxes
+from miles_engine.run.policy import build_codec, build_policy
 
 
 @dataclass
@@ -33,59 +42,41 @@ class EvalRun:
 
 
 @contextlib.asynccontextmanager
-async def _environment(hub: Any, cfg: Any) -> AsyncIterator[tuple[Any, EvalTasks, Any, Any]]:
+async def _environment(hub: Hub, cfg: RecipeConfig) -> AsyncIterator[tuple[Any, EvalTasks, Any, Any]]:
     """The training source, the eval task set, the sandbox backend and the reward stack; all closed after."""
-    from miles_engine.environments.capabilities import close_environment, preflight
-    from miles_engine.rewards.stack import build_reward_stack
-
-    closers: list[Any] = []
-    try:
-        source = hub.create("environment", cfg.environment.name, cfg.environment.options, where="environment.options")
-        closers.append(lambda: close_environment(source))
-        backend = hub.create("sandbox", cfg.sandbox.backend, cfg.sandbox.options, where="sandbox.options")
-        closers.append(backend.aclose)
+    async with AsyncExitStack() as stack:
+        source = open_environment(hub, cfg.environment, stack)
+        backend = open_sandboxes(hub, cfg.sandbox, stack)
         reward = None
         if cfg.eval.environment is None:
             preflight(source, cfg.sandbox.backend, backend)
-            reward = build_reward_stack(hub, cfg.reward)
-            if reward is not None:
-                closers.append(reward.aclose)
+            reward = open_reward(hub, cfg.reward, stack)
             tasks = select_eval_tasks(cfg.eval, source, from_training_env=True)
         else:
-            env = cfg.eval.environment
-            other = hub.create("environment", env.name, env.options, where="eval.environment.options")
-            closers.append(lambda: close_environment(other))
+            other = open_environment(hub, cfg.eval.environment, stack, key="eval.environment")
             preflight(other, cfg.sandbox.backend, backend)
             tasks = select_eval_tasks(cfg.eval, other, from_training_env=False)
         yield source, tasks, backend, reward
-    finally:
-        for close in reversed(closers):
-            await close()
 
 
-def _agent_factory(hub: Any, cfg: Any, server_url: str | None) -> Any:
+def _agent_factory(hub: Hub, cfg: RecipeConfig, server_url: str | None) -> Any:
     overrides = {k: v for k, v in cfg.eval.sampling.model_dump().items() if v is not None}
-    options = {**cfg.agent.options, **overrides, **({"server_url": server_url} if server_url else {})}
-    return lambda: hub.create("agent", cfg.agent.name, options, where="agent.options")
+    return agent_factory(hub, cfg.agent, server_url=server_url, overrides=overrides)
 
 
-async def evaluate(hub: Any, cfg: Any) -> EvalRun:
+async def evaluate(hub: Hub, cfg: RecipeConfig) -> EvalRun:
     async with _environment(hub, cfg) as (_, tasks, backend, reward):
         records = await run_eval(tasks, _agent_factory(hub, cfg, None), backend, cfg.eval, reward=reward)
     return EvalRun(cfg.agent.name, records, summary_metrics(records, cfg.eval), info={"tasks": tasks.describe()})
 
 
-async def evaluate_checkpoints(hub: Any, cfg: Any, paths: Sequence[Path]) -> list[EvalRun]:
+async def evaluate_checkpoints(hub: Hub, cfg: RecipeConfig, paths: Sequence[Path]) -> list[EvalRun]:
     """Each checkpoint's weights on the same eval tasks, loaded in turn into the eval engines
     (``eval.engine``; default one embedded engine)."""
-    from miles_engine.checkpoint.export import read_policy
-    from miles_engine.evaluation.policy import ServedPolicy, build_codec, build_model
-    from miles_engine.checkpoint.resume import tokenizer_sha256
-
     weights = [read_policy(Path(p), label="--checkpoint") for p in paths]
     runs: list[EvalRun] = []
     async with _environment(hub, cfg) as (source, tasks, backend, reward):
-        codec = build_codec(hub, cfg, source)
+        codec = build_codec(cfg, hub, source)
         sha = tokenizer_sha256(codec.tokenizer)
         for w in weights:
             if w.tokenizer_sha256 and w.tokenizer_sha256 != sha:
@@ -94,7 +85,7 @@ async def evaluate_checkpoints(hub: Any, cfg: Any, paths: Sequence[Path]) -> lis
                                   f"recipe, RUN_DIR/config.yaml")
         state_dir = Path(tempfile.mkdtemp(prefix="miles-eval-engines-"))
         try:
-            served = await ServedPolicy.start(build_model(cfg, codec), codec, cfg, hub=hub, state_dir=state_dir)
+            served = await ServedPolicy.start(build_policy(cfg, codec), codec, cfg, hub=hub, state_dir=state_dir)
         except BaseException:
             shutil.rmtree(state_dir, ignore_errors=True)
             raise
@@ -113,7 +104,7 @@ async def evaluate_checkpoints(hub: Any, cfg: Any, paths: Sequence[Path]) -> lis
     return runs
 
 
-def compare(after: EvalRun, before: EvalRun, cfg: Any) -> dict[str, stats.Estimate]:
+def compare(after: EvalRun, before: EvalRun, cfg: RecipeConfig) -> dict[str, stats.Estimate]:
     """``after - before`` of per-task reward and pass@1, paired over the tasks both scored."""
     return {metric: stats.paired_difference(per_task_values(after.records, metric),
                                             per_task_values(before.records, metric),

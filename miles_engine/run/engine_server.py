@@ -1,9 +1,12 @@
-"""Run one engine behind the SGLang-compatible server in this process: bind (port 0 picks a
-free port, reported through a port file), build the engine from a ``module:function`` factory,
-serve until SIGINT/SIGTERM. Used by ``miles serve`` and ``python -m miles_engine.engines.http.server``."""
+"""The engine server process: one engine behind the SGLang-compatible HTTP server, with the
+weight-sync routes (:mod:`miles_engine.weights`) mounted. Bind (port 0 picks a free port, reported
+through a port file), build the engine from a ``module:function`` factory, serve until
+SIGINT/SIGTERM. ``miles serve`` and ``python -m miles_engine.run.engine_server`` (what the
+``server`` engine kind and the supervisor launch) run it."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import importlib
@@ -18,11 +21,25 @@ from pathlib import Path
 from typing import Any
 
 from miles_engine.engines.http import DEFAULT_ENGINE_FACTORY
-from miles_engine.engines.http.server import create_app
+from miles_engine.engines.http.server import RouteGroup, create_app
 from miles_engine.engines.protocol import RolloutEngine
 from miles_engine.errors import MilesError
+from miles_engine.weights.disk_delta.engine_server import add_disk_delta_routes
+from miles_engine.weights.endpoints import add_weight_sync_routes
 
 log = logging.getLogger(__name__)
+
+
+WEIGHT_ROUTES: tuple[RouteGroup, ...] = (
+    lambda app, engine, lock, parse: add_weight_sync_routes(app, engine, update_lock=lock, parse=parse),
+    lambda app, engine, lock, parse: add_disk_delta_routes(app, engine, update_lock=lock, parse=parse),
+)
+
+
+def create_engine_app(engine: RolloutEngine, **options: Any) -> Any:
+    """The engine server's app: :func:`~miles_engine.engines.http.server.create_app` plus the
+    weight-sync routes (distributed broadcast, checksums, disk_delta)."""
+    return create_app(engine, routes=WEIGHT_ROUTES, **options)
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -46,7 +63,7 @@ async def serve(engine: RolloutEngine, *, host: str = "127.0.0.1", port: int = 0
             log.warning("serving on %s: this server has no authentication", host)
     sock = bind_socket(host, port)
     actual = sock.getsockname()[1]
-    config = uvicorn.Config(create_app(engine, model_path=model_path), log_level=log_level, timeout_keep_alive=5)
+    config = uvicorn.Config(create_engine_app(engine, model_path=model_path), log_level=log_level, timeout_keep_alive=5)
     server = uvicorn.Server(config)
     if port_file:
         tmp = Path(f"{port_file}.tmp")
@@ -117,3 +134,22 @@ def watch_parent(interval_s: float = 0.5) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m miles_engine.run.engine_server", description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="model directory, config.json, .gguf, or tiny:<type> spec")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=30000)
+    p.add_argument("--port-file", help="write the bound port here once listening (use with --port 0)")
+    p.add_argument("--dtype", default=None)
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--engine-factory", default=DEFAULT_ENGINE_FACTORY, help="module:function building the engine")
+    p.add_argument("--engine-options", default=None, help="JSON object of more keyword options for the factory")
+    p.add_argument("--exit-with-parent", action="store_true", help="stop when the launching process is gone")
+    p.add_argument("--log-level", default="warning")
+    run_standalone(**{k.replace("-", "_"): v for k, v in vars(p.parse_args(argv)).items()})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,11 +1,29 @@
-"""The training loop. It reads like pseudocode; every variant lives in the run's components."""
+"""The training loop, and the program around it. The loop reads like pseudocode; every variant
+lives in the run's components (the rollout mode's hooks, the evaluator, the transport)."""
 
 from __future__ import annotations
 
-from miles_engine.train.run import TrainingRun
+from collections.abc import Callable
+from pathlib import Path
+
+from miles_engine.config.recipe import RecipeConfig
+from miles_engine.hub import Hub
+from miles_engine.run.compose import compose
+from miles_engine.run.training import TrainingRun
 
 
-async def train(run: TrainingRun) -> int:
+async def run_recipe(cfg: RecipeConfig, run_dir: Path, *, hub: Hub, resume: bool = False,
+                     on_start: Callable[[TrainingRun], None] | None = None) -> int:
+    """Compose the recipe's components, drive the run, tear everything down; the last step.
+    ``on_start(run)`` sees the run before its first step (signal handlers, tests)."""
+    async with compose(cfg, run_dir, hub=hub, resume_run=resume) as parts:
+        run = await TrainingRun(parts).restore()
+        if on_start is not None:
+            on_start(run)
+        return await drive(run)
+
+
+async def drive(run: TrainingRun) -> int:
     """Warm start, push the trainer's weights, then {get groups, train, checkpoint, push, evaluate}."""
     await run.warm_start()
     if run.stop_requested:  # stopped during SFT: its own checkpoint is written, RL has not begun

@@ -19,22 +19,47 @@ from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from miles_engine.config.recipe import RecipeConfig
-from miles_engine.errors import ConfigError
-from miles_engine.evaluation.evaluator import EvalInputs
-from miles_engine.evaluation.splits import resume_split_change
-from miles_engine.hub import Hub, default_hub
-from miles_engine.sandbox.remote import RUN_ID_ENV
 from miles_engine import checkpoint
-from miles_engine.checkpoint import crash_points
-from miles_engine.checkpoint import resume
+from miles_engine.checkpoint import crash_points, resume
 from miles_engine.checkpoint.compat import check as check_resume
-from miles_engine.train.model_build import build_codec, build_policy
-from miles_engine.train.trainer_access import TrainerAccess
+from miles_engine.config.recipe import RecipeConfig
+from miles_engine.engines.fleet.build import check_transport, create_kinds, start_fleet
+from miles_engine.engines.fleet.kinds import EngineKind, FleetContext
+from miles_engine.environments.capabilities import preflight
+from miles_engine.errors import ConfigError
+from miles_engine.evaluation.evaluator import EvalInputs, Evaluator, build_evaluator
+from miles_engine.evaluation.splits import resume_split_change, train_filter
+from miles_engine.hub import Hub
+from miles_engine.metrics import MetricsLogger
+from miles_engine.metrics.samples import SampleLog
+from miles_engine.rollout.buffer import AsyncBuffer
+from miles_engine.rollout.episodes import EpisodeTrajectories
+from miles_engine.rollout.modes import RolloutMode, create_mode, validate_mode
+from miles_engine.rollout.parts import agent_factory, open_environment, open_reward, open_sandboxes
+from miles_engine.rollout.scheduler import Scheduler
+from miles_engine.rollout.tasks import TaskStream
+from miles_engine.run.policy import build_codec, build_policy
+from miles_engine.run.trainer_access import TrainerAccess
+from miles_engine.sandbox.protocol import check_supported
+from miles_engine.sandbox.remote import RUN_ID_ENV
+from miles_engine.sft.dataset_run import resumes_sft
+from miles_engine.teachers.setup import OPDInputs, OPDSetup
+from miles_engine.tito.client import close_pools
+from miles_engine.tito.families.base import ChatCodec
+from miles_engine.tito.serve import BackgroundServer, start_session_server
+from miles_engine.weights import create_transport
+from miles_engine.weights.disk_delta.baseline import write_baseline
+from miles_engine.weights.protocol import WeightTransport
+
+if TYPE_CHECKING:
+    from miles_engine.cluster.placement import RayPlacement
+    from miles_engine.engines.router import Router
+    from miles_engine.environments.protocol import EnvironmentSource
+    from miles_engine.sandbox.protocol import SandboxBackend
 
 
 @dataclass(frozen=True)
@@ -44,26 +69,26 @@ class Components:
     cfg: RecipeConfig
     run_dir: Path
     hub: Hub
-    source: Any  # EnvironmentSource
-    tasks: Any  # TaskStream
-    codec: Any
+    source: EnvironmentSource
+    tasks: TaskStream
+    codec: ChatCodec
     tokenizer_sha: str
     trainer: TrainerAccess
-    engines: Any  # Router over every engine group
-    server: Any  # the TITO session server in front of the router
-    transport: Any  # WeightTransport
-    buffer: Any  # AsyncBuffer
-    scheduler: Any
-    mode: Any  # RolloutMode
-    opd: Any  # OPDSetup | None
-    metrics: Any  # MetricsLogger
-    samples: Any  # SampleLog
+    engines: Router  # over every engine group
+    server: BackgroundServer  # the TITO session server in front of the router
+    transport: WeightTransport
+    buffer: AsyncBuffer
+    scheduler: Scheduler
+    mode: RolloutMode
+    opd: OPDSetup | None
+    metrics: MetricsLogger
+    samples: SampleLog
     resumed: checkpoint.Loaded | None
-    policy: Any  # the model (or path) the trainer and engines started from
-    evaluator: Any  # Evaluator: after_step(step, version) (a no-op one without eval.every)
+    policy: Any  # the model (or model reference) the trainer and engines started from
+    evaluator: Evaluator  # after_step(step, version) (a no-op one without eval.every)
     progress: RunProgress
-    placement: Any = None  # RayPlacement under placement.backend=ray, else None
-    sandboxes: Any = None  # the SandboxBackend (its optional step_metrics() feeds sandbox/* per step)
+    placement: RayPlacement | None = None  # under placement.backend=ray
+    sandboxes: SandboxBackend | None = None  # its optional step_metrics() feeds sandbox/* per step
     resume_sft: bool = False  # --resume of a run stopped during its sft.dataset warm start
 
 
@@ -95,56 +120,32 @@ class Teardown(AsyncExitStack):
         return self.push_async_callback(run)
 
 
-def embedded_models(engines: Any) -> list[Any]:
+def embedded_models(engines: Router) -> list[Any]:
     """The in-process engines' models (OPD's student top-k scorer needs one)."""
     return [s.engine.model for s in engines.slots if hasattr(s.engine, "model")]
 
 
 @contextlib.asynccontextmanager
-async def compose(cfg: RecipeConfig, run_dir: Path, *, hub: Hub | None = None,
-                  resume_run: bool = False) -> AsyncIterator[Components]:
-    hub = hub or default_hub()
+async def compose(cfg: RecipeConfig, run_dir: Path, *, hub: Hub, resume_run: bool = False) -> AsyncIterator[Components]:
     async with Teardown() as stack:
         yield await _build(cfg, run_dir, hub, resume_run, stack)
 
 
 async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, stack: AsyncExitStack) -> Components:
-    from miles_engine.environments.capabilities import close_environment
-    from miles_engine.metrics import MetricsLogger
-    from miles_engine.rollout.buffer import AsyncBuffer
-    from miles_engine.rollout.modes import validate_mode
-    from miles_engine.rollout.tasks import TaskStream
-
-    from miles_engine.train.sft_dataset_run import resumes_sft
-
     crash_points.check_env()
-    resumed = None
     resume_sft = resume_run and resumes_sft(run_dir)  # stopped mid-SFT: no RL checkpoint yet
-    if resume_run and not resume_sft:  # read and check it first: a bad checkpoint fails before anything starts
-        t0 = time.perf_counter()
-        resumed = await asyncio.to_thread(checkpoint.load_latest, run_dir)
-        resumed.load_s = time.perf_counter() - t0
-        from miles_engine.trainer.megatron.dist_checkpoint import check_backend
-
-        check_backend(resumed.trainer_state, cfg.trainer.backend, resumed.path)
-    cfg.trainer.check_group_size(cfg.rollout.group_size, "rollout.group_size")
-    if cfg.placement.colocated and cfg.trainer.parallel.world_size > 1:
-        raise ConfigError(f"placement.trainer=in_process runs one trainer in the driver process, but "
-                          f"trainer.parallel.world_size is {cfg.trainer.parallel.world_size}; use "
-                          f"placement.trainer=subprocess for FSDP2 ranks (or world_size 1)")
+    # read and check the checkpoint first: a bad one fails before anything starts
+    resumed = await _load_checkpoint(cfg, run_dir) if resume_run and not resume_sft else None
+    _check_topology(cfg)
     buffer = AsyncBuffer(cfg.buffer, on_reward_error=cfg.reward.on_error)
     validate_mode(cfg.rollout.mode, colocated=cfg.placement.colocated, groups_per_step=cfg.rollout.groups_per_step,
                   buffer=buffer)
     metrics = MetricsLogger(run_dir, cfg.metrics, total_steps=cfg.run.steps, run_config=cfg.model_dump(mode="json"))
     stack.callback(metrics.close)
-    source = hub.create("environment", cfg.environment.name, cfg.environment.options, where="environment.options")
-    stack.push_async_callback(close_environment, source)
+    source = open_environment(hub, cfg.environment, stack)
     # remote sandboxes carry the run name as their `miles.run` label: `miles sandbox sweep --run NAME`
     os.environ.setdefault(RUN_ID_ENV, run_dir.name)
-    sandboxes = hub.create("sandbox", cfg.sandbox.backend, cfg.sandbox.options, where="sandbox.options")
-    stack.push_async_callback(sandboxes.aclose)
-    from miles_engine.evaluation.splits import train_filter
-
+    sandboxes = open_sandboxes(hub, cfg.sandbox, stack)
     tasks = TaskStream(source, seed=cfg.rollout.task_seed, task_filter=train_filter(cfg.eval, source))
     _preflight_sandbox(cfg, source, tasks, sandboxes)
     codec = build_codec(cfg, hub, source)
@@ -158,20 +159,22 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
     trainer = await asyncio.to_thread(TrainerAccess.create, policy, cfg,
                                       ranks=None if placement is None else placement.trainer_ranks())
     stack.push_async_callback(asyncio.to_thread, trainer.close)
-    engines, fleet = await _start_engines(cfg, kinds, run_dir, policy, trainer, placement, stack)
+    engines = await _start_engines(cfg, kinds, run_dir, policy, trainer, placement, stack)
     server = await _start_server(cfg, run_dir, engines, codec, placement, stack)
-    transport = await _start_transport(cfg, run_dir, engines, fleet, trainer, resumed, placement, stack)
+    transport = await _start_transport(cfg, run_dir, engines, kinds, trainer, resumed, placement, stack)
     opd = _build_opd(cfg, hub, run_dir, codec, source, tasks, metrics, engines, stack)
-    reward = _build_reward(cfg, hub, stack)
-    run_trajectory = await _episode_runner(cfg, hub, run_dir, sandboxes, source, server, reward, opd, placement, stack,
+    reward = open_reward(hub, cfg.reward, stack)
+    run_trajectory = await _episode_runner(cfg, hub, sandboxes, source, server, reward, opd, placement, stack,
                                            engines=engines, codec=codec)
     scheduler, mode = _build_rollout(cfg, run_dir, tasks, run_trajectory, buffer, engines, resumed, stack)
-    samples = _sample_log(cfg, run_dir, codec, stack)
+    samples = SampleLog(run_dir, cfg.metrics.samples_per_step, codec.tokenizer.decode)
+    stack.push_async_callback(asyncio.to_thread, samples.close)
     progress = RunProgress()
-    evaluator = await _build_evaluator(EvalInputs(
+    evaluator = await build_evaluator(EvalInputs(
         cfg=cfg, run_dir=run_dir, hub=hub, source=source, tasks=tasks, backend=sandboxes, reward=reward,
         metrics=metrics, scheduler=scheduler, server=server, model=policy, codec=codec, trainer=trainer,
-        progress=progress), stack)
+        progress=progress))
+    stack.push_async_callback(evaluator.aclose)  # drains queued evals before the engines stop
     (run_dir / "config.yaml").write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
     return Components(cfg=cfg, run_dir=run_dir, hub=hub, source=source, tasks=tasks, codec=codec,
                       tokenizer_sha=tokenizer_sha, trainer=trainer, engines=engines, server=server,
@@ -180,11 +183,27 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
                       placement=placement, resume_sft=resume_sft, sandboxes=sandboxes)
 
 
-def _preflight_sandbox(cfg: RecipeConfig, source: Any, tasks: Any, sandboxes: Any) -> None:
-    """Refuse a backend that cannot isolate the tasks as asked, before anything trains."""
-    from miles_engine.environments.capabilities import preflight
-    from miles_engine.sandbox.protocol import check_supported
+async def _load_checkpoint(cfg: RecipeConfig, run_dir: Path) -> checkpoint.Loaded:
+    t0 = time.perf_counter()
+    resumed = await asyncio.to_thread(checkpoint.load_latest, run_dir)
+    resumed.load_s = time.perf_counter() - t0
+    from miles_engine.trainer.megatron.dist_checkpoint import check_backend  # torch
 
+    check_backend(resumed.trainer_state, cfg.trainer.backend, resumed.path)
+    return resumed
+
+
+def _check_topology(cfg: RecipeConfig) -> None:
+    cfg.trainer.check_group_size(cfg.rollout.group_size, "rollout.group_size")
+    if cfg.placement.colocated and cfg.trainer.parallel.world_size > 1:
+        raise ConfigError(f"placement.trainer=in_process runs one trainer in the driver process, but "
+                          f"trainer.parallel.world_size is {cfg.trainer.parallel.world_size}; use "
+                          f"placement.trainer=subprocess for FSDP2 ranks (or world_size 1)")
+
+
+def _preflight_sandbox(cfg: RecipeConfig, source: EnvironmentSource, tasks: TaskStream,
+                       sandboxes: SandboxBackend) -> None:
+    """Refuse a backend that cannot isolate the tasks as asked, before anything trains."""
     preflight(source, cfg.sandbox.backend, sandboxes)
     task = source.load_task(tasks.refs[0].id)
     spec = task.sandbox_spec()
@@ -192,38 +211,31 @@ def _preflight_sandbox(cfg: RecipeConfig, source: Any, tasks: Any, sandboxes: An
         check_supported(spec, sandboxes.capabilities(), backend=cfg.sandbox.backend, task=task.id)
 
 
-def _engine_kinds(cfg: RecipeConfig, hub: Hub) -> list[Any]:
-    from miles_engine.engines.fleet.build import check_transport, create_kinds
-
+def _engine_kinds(cfg: RecipeConfig, hub: Hub) -> list[EngineKind]:
     kinds = create_kinds(hub, cfg.engines)
     check_transport(cfg.weights.transport, cfg.engines, kinds)
     return kinds
 
 
-async def _start_placement(cfg: RecipeConfig, kinds: list[Any], run_dir: Path, stack: AsyncExitStack) -> Any:
+async def _start_placement(cfg: RecipeConfig, kinds: list[EngineKind], run_dir: Path,
+                           stack: AsyncExitStack) -> RayPlacement | None:
     """placement.backend=ray: join the cluster and reserve every actor's resources, before anything starts."""
     if cfg.placement.backend != "ray":
         return None
-    from miles_engine.cluster.placement import RayPlacement
+    from miles_engine.cluster.placement import RayPlacement  # ray
 
     return await RayPlacement.start(cfg, kinds, stack, run_name=run_dir.name)
 
 
-async def _start_engines(cfg: RecipeConfig, kinds: list[Any], run_dir: Path, policy: Any, trainer: TrainerAccess,
-                         placement: Any, stack: AsyncExitStack) -> tuple[Any, Any]:
-    from miles_engine.engines.fleet.build import start_fleet
-    from miles_engine.engines.fleet.kinds import FleetContext
-
+async def _start_engines(cfg: RecipeConfig, kinds: list[EngineKind], run_dir: Path, policy: Any,
+                         trainer: TrainerAccess, placement: RayPlacement | None, stack: AsyncExitStack) -> Router:
     ctx = FleetContext(model=policy, state_dir=run_dir / "engines", seed=cfg.seed, restore=trainer.last_pushed,
                        true_on_policy=cfg.trainer.true_on_policy, launcher=placement)
-    return await start_fleet(cfg.engines, kinds, ctx, stack, cfg.fleet), ctx
+    return await start_fleet(cfg.engines, kinds, ctx, stack, cfg.fleet)
 
 
-async def _start_server(cfg: RecipeConfig, run_dir: Path, engines: Any, codec: Any, placement: Any,
-                        stack: AsyncExitStack) -> Any:
-    from miles_engine.tito.client import close_pools
-    from miles_engine.tito.serve import start_session_server
-
+async def _start_server(cfg: RecipeConfig, run_dir: Path, engines: Router, codec: ChatCodec,
+                        placement: RayPlacement | None, stack: AsyncExitStack) -> BackgroundServer:
     s = cfg.session_server
     host = s.host
     if placement is not None and "host" not in s.model_fields_set:
@@ -240,10 +252,9 @@ async def _start_server(cfg: RecipeConfig, run_dir: Path, engines: Any, codec: A
     return server
 
 
-async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Any, fleet: Any, trainer: TrainerAccess,
-                           resumed: checkpoint.Loaded | None, placement: Any, stack: AsyncExitStack) -> Any:
-    from miles_engine.weights import create_transport
-
+async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Router, kinds: list[EngineKind],
+                           trainer: TrainerAccess, resumed: checkpoint.Loaded | None, placement: RayPlacement | None,
+                           stack: AsyncExitStack) -> WeightTransport:
     w = cfg.weights
     options: dict[str, Any] = {}
     if w.transport == "broadcast" and placement is not None:  # rank 0: trainer rank 0's actor, else this node
@@ -251,9 +262,9 @@ async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Any, fleet
         options.update({"sender": sender} if sender is not None else {"master_address": placement.driver_address()})
     if w.transport == "disk_delta":
         options = {**w.disk_delta.model_dump(), "root": w.disk_delta.root or str(run_dir / "weights")}
-        if options["baseline"] is None and not any(hasattr(s.engine, "model") for s in engines.slots):
+        if options["baseline"] is None and not any(kind.in_process for kind in kinds):
             # the engine processes started from the policy's weights: version 0 is exactly what the trainer exports
-            options["baseline"] = await asyncio.to_thread(_write_baseline, await trainer.named_tensors(),
+            options["baseline"] = await asyncio.to_thread(write_baseline, await trainer.named_tensors(),
                                                           run_dir / "engines" / "baseline.safetensors")
     transport = create_transport(w.transport, engines, check=w.check, **options)
     stack.push_async_callback(transport.close)
@@ -264,22 +275,8 @@ async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Any, fleet
     return transport
 
 
-def _write_baseline(tensors: list[tuple[str, Any]], path: Path) -> str:
-    from safetensors.torch import save_file
-
-    from miles_engine.engines.http.tensors import untied_cpu
-
-    if not path.is_file():  # a resumed run keeps the baseline its versions were published against
-        tmp = path.with_name(path.name + ".tmp")
-        save_file(untied_cpu(dict(tensors)), str(tmp))
-        tmp.rename(path)
-    return str(path)
-
-
-def _build_opd(cfg: RecipeConfig, hub: Hub, run_dir: Path, codec: Any, source: Any, tasks: Any, metrics: Any,
-               engines: Any, stack: AsyncExitStack) -> Any:
-    from miles_engine.teachers.setup import OPDInputs, OPDSetup
-
+def _build_opd(cfg: RecipeConfig, hub: Hub, run_dir: Path, codec: ChatCodec, source: EnvironmentSource,
+               tasks: TaskStream, metrics: MetricsLogger, engines: Router, stack: AsyncExitStack) -> OPDSetup | None:
     inputs = OPDInputs(cfg=cfg, hub=hub, run_dir=run_dir, codec=codec, source=source, tasks=tasks, metrics=metrics,
                        student_models=lambda: embedded_models(engines))
     opd = OPDSetup.build(inputs)
@@ -288,29 +285,12 @@ def _build_opd(cfg: RecipeConfig, hub: Hub, run_dir: Path, codec: Any, source: A
     return opd
 
 
-def _build_reward(cfg: RecipeConfig, hub: Hub, stack: AsyncExitStack) -> Any:
-    from miles_engine.rewards.stack import build_reward_stack
-
-    reward = build_reward_stack(hub, cfg.reward)
-    if reward is not None:
-        stack.push_async_callback(reward.aclose)
-    return reward
-
-
-async def _build_evaluator(inputs: Any, stack: AsyncExitStack) -> Any:
-    from miles_engine.evaluation.evaluator import build_evaluator
-
-    evaluator = await build_evaluator(inputs)
-    stack.push_async_callback(evaluator.aclose)  # drains queued evals before the engines stop
-    return evaluator
-
-
-async def _episode_runner(cfg: RecipeConfig, hub: Hub, run_dir: Path, sandboxes: Any, source: Any, server: Any,
-                          reward: Any, opd: Any, placement: Any, stack: AsyncExitStack, engines: Any = None,
-                          codec: Any = None) -> Any:
+async def _episode_runner(cfg: RecipeConfig, hub: Hub, sandboxes: SandboxBackend, source: EnvironmentSource,
+                          server: BackgroundServer, reward: Any, opd: OPDSetup | None, placement: RayPlacement | None,
+                          stack: AsyncExitStack, engines: Router, codec: ChatCodec) -> Any:
     """The scheduler's ``run_trajectory``: episodes in this process, or in runner actors under Ray."""
     if placement is not None:
-        from miles_engine.cluster.episode_runners import RunnerSpec
+        from miles_engine.cluster.episode_runners import RunnerSpec  # ray
 
         spec = RunnerSpec(cfg.environment, cfg.sandbox, cfg.agent, cfg.reward, server.url,
                           env=((RUN_ID_ENV, os.environ[RUN_ID_ENV]),))
@@ -320,20 +300,13 @@ async def _episode_runner(cfg: RecipeConfig, hub: Hub, run_dir: Path, sandboxes:
         runners = await placement.episode_runners(spec, after=opd, servers=servers)
         stack.push_async_callback(runners.close)
         return runners
-    from miles_engine.rollout.episodes import EpisodeTrajectories
-
-    def make_agent() -> Any:
-        options = {**cfg.agent.options, "server_url": server.url}
-        return hub.create("agent", cfg.agent.name, options, where="agent.options")
-
+    make_agent = agent_factory(hub, cfg.agent, server_url=server.url)
     return EpisodeTrajectories(sandboxes, make_agent, source, reward, after=opd)
 
 
-def _build_rollout(cfg: RecipeConfig, run_dir: Path, tasks: Any, run: Any, buffer: Any, engines: Any,
-                   resumed: checkpoint.Loaded | None, stack: AsyncExitStack) -> tuple[Any, Any]:
-    from miles_engine.rollout.modes import create_mode
-    from miles_engine.rollout.scheduler import Scheduler
-
+def _build_rollout(cfg: RecipeConfig, run_dir: Path, tasks: TaskStream, run: Any, buffer: AsyncBuffer,
+                   engines: Router, resumed: checkpoint.Loaded | None,
+                   stack: AsyncExitStack) -> tuple[Scheduler, RolloutMode]:
     rollout = resumed.rollout if resumed is not None else checkpoint.RolloutState(cursor=0)
     scheduler = Scheduler(tasks.iter_from(rollout.cursor), run, buffer, cfg.rollout,
                           version_fn=lambda: engines.weight_version, first_position=rollout.cursor,
@@ -341,11 +314,3 @@ def _build_rollout(cfg: RecipeConfig, run_dir: Path, tasks: Any, run: Any, buffe
     mode = create_mode(cfg.rollout.mode, scheduler, groups_per_step=cfg.rollout.groups_per_step)
     stack.push_async_callback(mode.stop)
     return scheduler, mode
-
-
-def _sample_log(cfg: RecipeConfig, run_dir: Path, codec: Any, stack: AsyncExitStack) -> Any:
-    from miles_engine.metrics.samples import SampleLog
-
-    samples = SampleLog(run_dir, cfg.metrics.samples_per_step, codec.tokenizer.decode)
-    stack.push_async_callback(asyncio.to_thread, samples.close)
-    return samples

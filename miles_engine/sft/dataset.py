@@ -21,6 +21,7 @@ from miles_engine.data.errors import BadRows, DataError
 from miles_engine.data.files import DataFileOptions, open_rows
 from miles_engine.data.splits import SplitOptions, check_disjoint, in_eval
 from miles_engine.data.transcripts import Transcript, TranscriptFields, parse_transcript, transcript_row
+from miles_engine.environments.capabilities import demonstrations
 
 
 class ExportDemos(Section):
@@ -131,8 +132,6 @@ def export_demonstrations(cfg: SFTDatasetConfig, source: Any) -> None:
         return
     import json
     import os
-
-    from miles_engine.train.model_build import demonstrations
 
     e = cfg.export_demos
     lines = [json.dumps({"task_id": f"{d.task.id}", "messages": d.conversation(), "tools": d.tools}, sort_keys=True)

@@ -1,0 +1,35 @@
+"""The recipe's ``weights`` section: how the trainer's weights reach the engines."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from miles_engine.components import Section
+from miles_engine.weights.check.options import CheckOptions, CheckTolerance
+from miles_engine.weights.disk_delta.options import DiskDeltaOptions
+
+
+class WeightsConfig(Section):
+    transport: Literal["colocated", "broadcast", "disk_delta"] = "colocated"
+    disk_delta: DiskDeltaOptions = Field(default_factory=DiskDeltaOptions,
+                                         description="options of transport=disk_delta (root default: RUN_DIR/weights)")
+    check_update_equal: bool = Field(
+        False, description="fill the engines with random data before the first push and, after every push, "
+        "compare every exported tensor with the trainer's copy; the run stops naming each tensor that differs")
+    check_tolerance: CheckTolerance | None = Field(
+        None, description="unset: exact (bit for bit, in the engine's dtype); {atol, rtol}: for quantised "
+        "engines, |engine - trainer| <= atol + rtol*|trainer| per element (miles_engine.weights.check.options)")
+
+    @model_validator(mode="after")
+    def _tolerance_needs_check(self) -> WeightsConfig:
+        if self.check_tolerance is not None and not self.check_update_equal:
+            raise ValueError("weights.check_tolerance is set but weights.check_update_equal is false; "
+                             "set weights.check_update_equal: true (or drop the tolerance)")
+        return self
+
+    @property
+    def check(self) -> CheckOptions | None:
+        """The check's options, or None when ``check_update_equal`` is off."""
+        return CheckOptions(tolerance=self.check_tolerance) if self.check_update_equal else None
