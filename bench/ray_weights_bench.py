@@ -48,7 +48,7 @@ async def bench(args: argparse.Namespace, run_dir: Path, temp: Path) -> dict[str
         "engines=[{kind: server, replicas: 2}]", "weights.transport=broadcast", "placement.backend=ray",
         "placement.ray.num_cpus=2", "placement.ray.engine_resources={CPU: 0.5}",
         "placement.ray.trainer_resources={CPU: 0.5}", "placement.ray.runner_resources={CPU: 0.25}",
-        f"placement.ray.temp_dir={temp}"])
+        f"placement.ray.temp_dir={temp}"], hub=default_hub())
     model = policy(args.hidden, args.layers)
     out: dict[str, dict[str, list[float]]] = {k: {"push_s": [], "driver_mb": []} for k in ("driver", "rank0")}
     async with Teardown() as stack:

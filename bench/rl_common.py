@@ -62,7 +62,7 @@ def build_checkpoint(out: Path, overrides: Sequence[str]) -> dict[str, Any]:
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    cfg = load_recipe("tiny-terminal", list(overrides))
+    cfg = load_recipe("tiny-terminal", list(overrides), hub=default_hub())
     hub = default_hub()
     source = hub.create("environment", cfg.environment.name, cfg.environment.options, where="environment.options")
     codec = build_codec(cfg, hub, source)

@@ -43,6 +43,7 @@ import torch
 
 from miles_engine.rollout.types import Group, Trajectory
 from miles_engine.trainer.torch_trainer import TorchTrainer
+from miles_engine.hub import default_hub
 
 CKPT = Path("/tmp/miles-bench/rvt-s2/sft/checkpoint")
 RECIPE_MODEL = {"model_type": "qwen3", "vocab_size": 2048, "hidden_size": 128, "num_hidden_layers": 2,
@@ -62,7 +63,7 @@ def echo_prompts(ckpt: Path, n: int) -> list[list[int]]:
     from miles_engine.tito.messages import normalize_messages, normalize_tools
     from miles_engine.models.tokenizer import load_tokenizer
 
-    cfg = load_recipe("tiny-terminal", ["environment.options.kinds=[echo]"])
+    cfg = load_recipe("tiny-terminal", ["environment.options.kinds=[echo]"], hub=default_hub())
     hub = Hub()
     source = hub.create("environment", cfg.environment.name, cfg.environment.options)
     codec = make_codec(cfg.chat_family.name, load_tokenizer(str(ckpt / "tokenizer.json")),

@@ -18,6 +18,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.rl_vs_trl import SETUPS  # noqa: E402
+from miles_engine.hub import default_hub  # noqa: E402
 
 
 def trl_worker(args: argparse.Namespace) -> None:
@@ -44,7 +45,7 @@ def trl_worker(args: argparse.Namespace) -> None:
 
     ckpt = Path(args.ckpt)
     setup = SETUPS[args.model]
-    cfg = load_recipe(setup.recipe, list(setup.echo))
+    cfg = load_recipe(setup.recipe, list(setup.echo), hub=default_hub())
     hub = Hub()
     source = hub.create("environment", cfg.environment.name, cfg.environment.options)
     codec = make_codec(cfg.chat_family.name, load_tokenizer(str(ckpt / "tokenizer.json")),

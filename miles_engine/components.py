@@ -47,12 +47,15 @@ class Component:
     :param factory: called as ``factory(options)`` with a validated ``options`` instance.
     :param options: a pydantic model (``extra="forbid"``) describing the factory's options.
     :param description: one line shown by ``miles plugins``.
+    :param takes_hub: call ``factory(options, hub=hub)`` with the hub that builds it (a component
+        that builds others by name, e.g. the ``mixture`` environment).
     """
 
     name: str
-    factory: Callable[[Any], Any]
+    factory: Callable[..., Any]
     options: type[BaseModel] = NoOptions
     description: str = ""
+    takes_hub: bool = False
 
 
 @dataclass(frozen=True)

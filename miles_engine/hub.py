@@ -202,7 +202,8 @@ class Hub:
     ) -> Any:
         """Build a component with validated options; errors name ``where`` (e.g. a recipe key)."""
         comp = self.component(kind, ref)
-        return comp.factory(validate_options(comp, options, where=where or f"{kind} '{ref}'"))
+        validated = validate_options(comp, options, where=where or f"{kind} '{ref}'")
+        return comp.factory(validated, hub=self) if comp.takes_hub else comp.factory(validated)
 
 
 _DEFAULT_HUB: tuple[tuple[Any, ...], Hub] | None = None

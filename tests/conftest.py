@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.fleet_helpers import make_warm_run
+from tests.run.fleet_helpers import make_warm_run
 
 
 class FakeDistributions:

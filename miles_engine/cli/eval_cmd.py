@@ -60,7 +60,7 @@ def eval_cmd(recipe: str, overrides: tuple[str, ...], checkpoints: tuple[Path, .
     if len(checkpoints) > 2:
         raise click.UsageError("give --checkpoint at most twice (the second is compared against the first)")
     hub = cli_hub()
-    cfg = load_recipe(recipe, list(overrides), hub)
+    cfg = load_recipe(recipe, list(overrides), hub=hub)
     if checkpoints:
         runs = asyncio.run(evaluate_checkpoints(hub, cfg, list(checkpoints)))
     else:

@@ -39,10 +39,10 @@ def ls(as_json: bool) -> None:
 def show(recipe: str, overrides: tuple[str, ...], resolved: bool) -> None:
     """Print a recipe (a packaged name or a path)."""
     if resolved or overrides:
-        cfg = load_recipe(recipe, list(overrides))
+        cfg = load_recipe(recipe, list(overrides), hub=cli_hub())
         click.echo(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), nl=False)
     else:
-        click.echo(resolve_recipe_path(recipe).read_text(encoding="utf-8"), nl=False)
+        click.echo(resolve_recipe_path(recipe, hub=cli_hub()).read_text(encoding="utf-8"), nl=False)
 
 
 @recipes.command()
@@ -51,7 +51,7 @@ def show(recipe: str, overrides: tuple[str, ...], resolved: bool) -> None:
 @click.option("--force", is_flag=True, help="Overwrite DEST if it exists.")
 def cp(recipe: str, dest: Path, force: bool) -> None:
     """Copy a packaged recipe to DEST (a file or a directory) for editing."""
-    src = resolve_recipe_path(recipe)
+    src = resolve_recipe_path(recipe, hub=cli_hub())
     target = dest / src.name if dest.is_dir() else dest
     if target.exists() and not force:
         raise ConfigError(f"'{target}' already exists; pass --force to overwrite it")
@@ -66,7 +66,7 @@ def cp(recipe: str, dest: Path, force: bool) -> None:
 @click.argument("overrides", nargs=-1)
 def validate(recipe: str, overrides: tuple[str, ...]) -> None:
     """Validate a recipe and its overrides without running anything."""
-    cfg = load_recipe(recipe, list(overrides))
+    cfg = load_recipe(recipe, list(overrides), hub=cli_hub())
     from miles_engine.run.policy import check_model_section
 
     model = check_model_section(cfg)  # model.path: resolved (no weights loaded), tokenizer located

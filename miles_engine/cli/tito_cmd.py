@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from miles_engine.cli.common import console, echo_json, option_flag, parse_options, table
+from miles_engine.cli.common import cli_hub, console, echo_json, option_flag, parse_options, table
 
 ENGINES = "random | embedded | none | an SGLang-compatible URL"
 
@@ -22,7 +22,7 @@ def tito() -> None:
 async def _roundtrip(kind: str, model: str | None, codec: Any, convs: list[Any], seed: int, max_tokens: int) -> Any:
     """Build the engine and run the round trip in one event loop (HTTP clients bind to it)."""
     from miles_engine.tito.check_engine import engine_roundtrip
-    from miles_engine.tito.serve import build_engine
+    from miles_engine.run.tito_serve import build_engine
     from miles_engine.engines.scripted import ScriptedEngine, random_policy
 
     if kind == "random":
@@ -65,7 +65,8 @@ def check(family: str, tokenizer_spec: str, conversations: str | None, options: 
     from miles_engine.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_spec)
-    codec = make_codec(resolve_family_name(family, None, tokenizer), tokenizer, options=parse_options(options))
+    codec = make_codec(resolve_family_name(family, None, tokenizer), tokenizer, options=parse_options(options),
+                       hub=cli_hub())
     convs = load_conversations(conversations) if conversations else [
         adapt(c, has_reasoning=codec.family.has_reasoning) for c in builtin_conversations()]
     findings = check_rendering(codec, convs)
@@ -110,26 +111,26 @@ def serve(family: str, model: str | None, engine_urls: tuple[str, ...], replicas
           matcher: str, record_routed_experts: bool, threads: int | None) -> None:
     """Start an engine and a TITO session server (POST /sessions → an OpenAI base_url)."""
     from miles_engine.tito import make_codec
-    from miles_engine.tito.serve import build_engine, default_tokenizer, run_session_server
+    from miles_engine.run.tito_serve import build_engine, default_tokenizer, fleet_groups, run_session_server, serve_fleet
     from miles_engine.tito.service import SessionServerConfig
 
     from miles_engine.tito.families.auto import resolve_family_name
     from miles_engine.models.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(default_tokenizer(model, tokenizer_spec))
-    codec = make_codec(resolve_family_name(family, model, tokenizer), tokenizer, options=parse_options(options))
+    hub = cli_hub()
+    codec = make_codec(resolve_family_name(family, model, tokenizer), tokenizer, options=parse_options(options),
+                       hub=hub)
     config = SessionServerConfig(mode=mode, matcher=matcher, record_routed_experts=record_routed_experts)
 
     async def main() -> None:
         if engines_yaml or len(engine_urls) > 1 or replicas > 1:
             import tempfile
 
-            from miles_engine.tito.fleet_serve import fleet_groups, serve_fleet
-
             groups = fleet_groups(model, engine_urls, replicas, engines_yaml)
             with tempfile.TemporaryDirectory(prefix="miles-fleet-") as state:
                 await serve_fleet(codec, groups, model, host=host, port=port, port_file=port_file, config=config,
-                                  state_dir=Path(state))
+                                  state_dir=Path(state), hub=hub)
             return
         engine = await build_engine(model, engine_urls[0] if engine_urls else None, codec.tokenizer, threads=threads)
         await run_session_server(engine, codec, host=host, port=port, port_file=port_file, config=config)
@@ -162,7 +163,7 @@ def check_harness_cmd(command: str, preset: str, sessions: int, family: str, tim
     binds = {"ro_binds": {"/miles/harnesses": default_harness_dir()}} if preset != "custom" else {}
     opts = {**binds, "memory_mb": None} if backend == "local" else binds
     out = asyncio.run(check_harness(command, sessions=sessions, preset=preset, family=family, timeout_s=timeout_s,
-                                    backend=backend, backend_options=opts))
+                                    backend=backend, backend_options=opts, hub=cli_hub()))
     if as_json:
         echo_json(out)
     else:

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import click
 
+from miles_engine.cli.common import cli_hub
 from miles_engine.config.recipe import load_recipe, resolve_recipe_path
 
 
 def _run_dir(recipe: str, out_dir: str, name: str | None) -> Path:
-    stem = Path(resolve_recipe_path(recipe)).stem
+    stem = Path(resolve_recipe_path(recipe, hub=cli_hub())).stem
     return Path(out_dir) / (name or f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
@@ -27,7 +28,6 @@ def train(recipe: str | None, overrides: tuple[str, ...], resume_dir: Path | Non
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from miles_engine.cli.common import cli_hub
     from miles_engine.run.driver import run_recipe
     from miles_engine.run.training import TrainingRun
 

@@ -99,24 +99,19 @@ class RecipeConfig(Section):
         return self
 
 
-def resolve_recipe_path(ref: str | Path, hub: Hub | None = None) -> Path:
+def resolve_recipe_path(ref: str | Path, hub: Hub) -> Path:
     """A path to a YAML file, or the name of a packaged recipe."""
     path = Path(ref)
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.is_file():
             raise ConfigError(f"recipe file '{path}' does not exist")
         return path
-    from miles_engine.hub import default_hub
-
-    registered = (hub or default_hub()).get("recipe", str(ref))
+    registered = hub.get("recipe", str(ref))
     return registered.component.path  # type: ignore[union-attr]
 
 
-def load_recipe(ref: str | Path, overrides: list[str] | None = None, hub: Hub | None = None) -> RecipeConfig:
-    """Load, override and validate a recipe, including each component's own options."""
-    from miles_engine.hub import default_hub
-
-    hub = hub or default_hub()
+def load_recipe(ref: str | Path, overrides: list[str] | None = None, *, hub: Hub) -> RecipeConfig:
+    """Load, override and validate a recipe, including each component's own options (built by ``hub``)."""
     path = resolve_recipe_path(ref, hub)
     data, lines = load_yaml_file(path)
     apply_overrides(data, overrides or [])

@@ -15,13 +15,16 @@ from the sources that have them (SFT warm start).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import Field
 
 from miles_engine.components import Section
 from miles_engine.environments.protocol import TaskRef
 from miles_engine.errors import UnknownComponentError
+
+if TYPE_CHECKING:
+    from miles_engine.hub import Hub
 
 
 class MixtureEntry(Section):
@@ -37,10 +40,7 @@ class MixtureOptions(Section):
 class MixtureSource:
     name = "mixture"
 
-    def __init__(self, options: MixtureOptions, hub: Any = None) -> None:
-        from miles_engine.hub import default_hub
-
-        hub = hub or default_hub()
+    def __init__(self, options: MixtureOptions, hub: Hub) -> None:
         self.options = options
         self.sources = [hub.create("environment", e.name, e.options, where=f"environment.options.sources[{i}].options")
                         for i, e in enumerate(options.sources)]

@@ -79,6 +79,13 @@ def parse_tiny_spec(spec: str) -> dict[str, Any]:
     return cfg
 
 
+def fit_tiny_spec(spec: str, vocab_size: int) -> str:
+    """``tiny:qwen3`` -> ``tiny:qwen3,vocab_size=<the tokenizer's>`` unless the spec gives a size."""
+    if spec.startswith(TINY_PREFIX) and "vocab_size=" not in spec:
+        return f"{spec},vocab_size={vocab_size}"
+    return spec
+
+
 def find_gguf(directory: Path) -> Path | None:
     files = sorted(directory.glob("*.gguf"))
     return files[0] if files else None

@@ -43,7 +43,7 @@ def build_codec(cfg: RecipeConfig, hub: Hub, source: Any) -> Any:
 
 def bootstrap_codec(hub: Hub, cfg: RecipeConfig) -> Any:
     """A codec good enough to render text (the policy tokenizer is trained on that text)."""
-    family = resolve_family(cfg.chat_family.name, cfg.chat_family.options, hub)
+    family = resolve_family(cfg.chat_family.name, cfg.chat_family.options, hub=hub)
     return make_codec(family, f"builtin:bpe-{family.name}" if family.name in ("chatml", "qwen3", "glm")
                       else "builtin:bpe-chatml", hub=hub)
 

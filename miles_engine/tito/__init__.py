@@ -15,24 +15,21 @@ if TYPE_CHECKING:
     from miles_engine.tito.families.base import ChatCodec, ChatFamily
 
 
-def resolve_family(ref: Any, options: dict[str, Any] | None = None, hub: Hub | None = None) -> ChatFamily:
-    """A chat family from a registered name (``qwen3``), a dotted path, or an instance."""
+def resolve_family(ref: Any, options: dict[str, Any] | None = None, *, hub: Hub) -> ChatFamily:
+    """A chat family from a registered name (``qwen3``) or a dotted path (built by ``hub``), or an instance."""
     from miles_engine.errors import ConfigError
     from miles_engine.tito.families.base import ChatFamily
 
     if isinstance(ref, ChatFamily):
         return ref
-    from miles_engine.hub import default_hub
-
-    family = (hub or default_hub()).create("chat_family", str(ref), options or {}, where=f"chat family '{ref}' options")
+    family = hub.create("chat_family", str(ref), options or {}, where=f"chat family '{ref}' options")
     if not isinstance(family, ChatFamily):
         raise ConfigError(f"chat family '{ref}' built a {type(family).__name__}, not a ChatFamily")
     return family
 
 
-def make_codec(family: Any, tokenizer: Any, *, options: dict[str, Any] | None = None,
-               hub: Hub | None = None) -> ChatCodec:
+def make_codec(family: Any, tokenizer: Any, *, hub: Hub, options: dict[str, Any] | None = None) -> ChatCodec:
     """Bind a family (name, path or instance) to a tokenizer (object, path or ``builtin:`` spec)."""
     from miles_engine.models.tokenizer import load_tokenizer
 
-    return resolve_family(family, options, hub).bind(load_tokenizer(tokenizer))
+    return resolve_family(family, options, hub=hub).bind(load_tokenizer(tokenizer))

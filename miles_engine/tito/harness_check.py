@@ -14,10 +14,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from miles_engine.engines.protocol import GenerateRequest
 from miles_engine.tito.families.base import ChatCodec
+
+if TYPE_CHECKING:
+    from miles_engine.hub import Hub
 
 SHELL_TOOLS = (("exec_command", "cmd"), ("Bash", "command"), ("bash", "command"), ("shell", "command"))
 ANSWER = "Done: the command ran."
@@ -68,11 +71,10 @@ async def check_harness(command: str, *, sessions: int = 2, preset: str = "custo
                         tokenizer: str | None = None, timeout_s: float = 300.0, backend: str = "local",
                         backend_options: dict[str, Any] | None = None,
                         tool_command: str = "echo miles > miles.txt && cat miles.txt",
-                        env: dict[str, str] | None = None) -> list[dict[str, Any]]:
+                        env: dict[str, str] | None = None, hub: Hub) -> list[dict[str, Any]]:
     """Run the harness agent ``sessions`` times in sandboxes of ``backend`` against a scripted policy
     (docker: image ubuntu:24.04, which the engine's image map may stand in for)."""
     from miles_engine.environments.protocol import TaskLimits
-    from miles_engine.hub import default_hub
     from miles_engine.rollout.episode import run_episode
     from miles_engine.tito import make_codec
     from miles_engine.tito.harness import HarnessAgent, HarnessAgentOptions
@@ -80,10 +82,10 @@ async def check_harness(command: str, *, sessions: int = 2, preset: str = "custo
     from miles_engine.tito.service import SessionManager, SessionServerConfig
     from miles_engine.engines.scripted import ScriptedEngine
 
-    codec = make_codec(family, tokenizer or ("builtin:qwen3" if family == "qwen3" else f"builtin:bpe-{family}"))
+    codec = make_codec(family, tokenizer or ("builtin:qwen3" if family == "qwen3" else f"builtin:bpe-{family}"), hub=hub)
     engine = ScriptedEngine(codec.tokenizer, tool_then_answer(codec, tool_command), canonical=False)
     manager = SessionManager(engine, codec, SessionServerConfig())
-    sandboxes = default_hub().create("sandbox", backend, backend_options or {}, where="check-harness sandbox options")
+    sandboxes = hub.create("sandbox", backend, backend_options or {}, where="check-harness sandbox options")
     task = _ShellTask(TaskLimits(agent_timeout_s=timeout_s, verifier_timeout_s=10, max_turns=8),
                       image="ubuntu:24.04" if backend == "docker" else None)
     server = ServerThread(create_app(manager))

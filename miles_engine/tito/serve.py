@@ -1,54 +1,14 @@
-"""Start a rollout engine plus a session server for external harnesses (``miles tito serve``).
-
-The engine is the embedded one (``--model``: a directory, ``.gguf``, ``config.json`` or
-``tiny:<type>``; a ``tiny:`` model gets the tokenizer's vocabulary size) or an
-SGLang-compatible server (``--engine-url``).
-"""
+"""A session server as a task of the current event loop, in front of any engine or router (the
+training run's, a served eval policy's, ``miles tito serve``'s)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from pathlib import Path
 from typing import Any
 
 from miles_engine.errors import ConfigError
 from miles_engine.tito import local
-from miles_engine.models.tokenizer import TitoTokenizer
-
-
-def fit_tiny_spec(model: str, tokenizer: TitoTokenizer) -> str:
-    """``tiny:qwen3`` → ``tiny:qwen3,vocab_size=<tokenizer's>`` unless a size is given."""
-    if model.startswith("tiny:") and "vocab_size=" not in model:
-        return f"{model},vocab_size={tokenizer.vocab_size}"
-    return model
-
-
-async def build_engine(model: str | None, engine_url: str | None, tokenizer: TitoTokenizer, *,
-                       threads: int | None = None, dtype: str | None = None) -> Any:
-    if engine_url:
-        try:
-            from miles_engine.engines.http.client import HttpEngine
-        except ImportError as exc:
-            raise ConfigError(f"--engine-url needs the HTTP engine client ({exc})") from exc
-        engine = HttpEngine(engine_url)
-        await engine.connect()
-        return engine
-    if not model:
-        raise ConfigError("give --model (embedded engine) or --engine-url (SGLang-compatible server)")
-    try:
-        from miles_engine.engines.embedded import load_engine
-    except ImportError as exc:
-        raise ConfigError(f"the embedded engine is not available ({exc}); pip install 'miles-engine[engine]'") from exc
-    return await asyncio.to_thread(load_engine, fit_tiny_spec(model, tokenizer), dtype=dtype, threads=threads)
-
-
-def default_tokenizer(model: str | None, tokenizer: str | None) -> str:
-    if tokenizer:
-        return tokenizer
-    if model and (model.startswith("package:") or Path(model).is_dir() or Path(model).suffix == ".gguf"):
-        return model  # the model's own tokenizer (tokenizer.json / HF dir / the vocabulary inside the GGUF)
-    raise ConfigError("give --tokenizer (a tokenizer.json, a model directory or builtin:qwen3 / builtin:bpe-<family>)")
 
 
 class BackgroundServer:
@@ -101,18 +61,3 @@ async def start_session_server(engine: Any, codec: Any, *, host: str = "127.0.0.
     background = BackgroundServer(server, task, host, bound)
     local.register(background.url, app)  # agents in this process may skip the socket (client: local)
     return background
-
-
-async def run_session_server(engine: Any, codec: Any, *, host: str = "127.0.0.1", port: int = 0,
-                             port_file: str | None = None, config: Any = None, log_level: str = "warning") -> None:
-    """Serve until cancelled (Ctrl-C). Writes the bound port to ``port_file`` once listening."""
-    bg = await start_session_server(engine, codec, host=host, port=port, config=config, log_level=log_level)
-    print(f"TITO session server on {bg.url} (family {codec.name}); POST /sessions", flush=True)
-    if port_file:
-        Path(port_file).write_text(str(bg.port))
-    try:
-        await bg.task
-    finally:
-        close = getattr(engine, "aclose", None)
-        if close is not None:
-            await close()

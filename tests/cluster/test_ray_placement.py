@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.test_recipe_errors import build_error
+from tests.run.test_recipe_errors import build_error
 
 ray = pytest.importorskip("ray")
 psutil = pytest.importorskip("psutil")
@@ -135,7 +135,7 @@ def test_a_running_cluster_is_joined_and_left_clean(tmp_path: Path) -> None:
 
 
 def test_a_temp_dir_too_long_for_rays_sockets_is_refused_at_load() -> None:
-    from tests.train.test_recipe_errors import load_error
+    from tests.run.test_recipe_errors import load_error
 
     msg = load_error(["placement.backend=ray", f"placement.ray.temp_dir=/tmp/{'x' * 40}"])
     assert "placement.ray.temp_dir is 45 characters long" in msg and "at most 42" in msg
@@ -176,7 +176,7 @@ def test_session_server_actors_are_counted_in_the_resource_check() -> None:
 
     cfg = load_recipe("tiny-terminal", ["placement.backend=ray", "engines=[{kind: server, replicas: 2}]",
                                         "weights.transport=broadcast", "placement.ray.session_servers=3",
-                                        "placement.ray.session_server_resources={CPU: 2}"])
+                                        "placement.ray.session_server_resources={CPU: 2}"], hub=default_hub())
     placement = RayPlacement(cfg, create_kinds(default_hub(), cfg.engines))
     demand = placement.demands()[-1]
     assert (demand.component, demand.resources, demand.bundles, demand.key) == (
@@ -193,7 +193,7 @@ def test_session_server_actors_are_counted_in_the_resource_check() -> None:
     assert str(err.value).startswith("the session servers (placement.ray.session_servers=3) asks for CPU: 2 x 3"), err
     assert "placement.ray.session_server_resources" in str(err.value)
     off = load_recipe("tiny-terminal", ["placement.backend=ray", "engines=[{kind: server, replicas: 2}]",
-                                        "weights.transport=broadcast"])
+                                        "weights.transport=broadcast"], hub=default_hub())
     assert off.placement.ray.session_servers == 0  # the default: the driver's session server
     assert not any("session servers" in d.component for d in RayPlacement(off, create_kinds(
         default_hub(), off.engines)).demands())

@@ -35,7 +35,7 @@ def _recipe(world: int, temp: Path) -> object:
         "placement.backend=ray", "placement.ray.num_cpus=2", "placement.ray.engine_resources={CPU: 0.5}",
         f"placement.ray.trainer_resources={{CPU: {trainer_cpu}}}", "placement.ray.runner_resources={CPU: 0.25}",
         f"placement.ray.temp_dir={temp}", f"trainer.parallel.world_size={world}",
-        "trainer.max_tokens_per_micro_batch=64", "trainer.minibatches=1"])
+        "trainer.max_tokens_per_micro_batch=64", "trainer.minibatches=1"], hub=default_hub())
 
 
 async def _push(trainer: TrainerAccess, engines: object, transport: object) -> object:

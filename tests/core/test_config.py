@@ -8,6 +8,7 @@ import pytest
 
 from miles_engine.config import load_recipe
 from miles_engine.errors import ConfigError
+from miles_engine.hub import default_hub
 
 GOOD = """\
 # miles eval my.yaml
@@ -32,12 +33,12 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def error_of(path: Path, overrides: list[str] | None = None) -> str:
     with pytest.raises(ConfigError) as err:
-        load_recipe(path, overrides)
+        load_recipe(path, overrides, hub=default_hub())
     return str(err.value)
 
 
 def test_good_recipe_and_overrides(tmp_path):
-    cfg = load_recipe(write(tmp_path, GOOD), ["eval.jobs=8", "environment.options.num_tasks=7", "seed=3"])
+    cfg = load_recipe(write(tmp_path, GOOD), ["eval.jobs=8", "environment.options.num_tasks=7", "seed=3"], hub=default_hub())
     assert (cfg.eval.jobs, cfg.environment.options["num_tasks"], cfg.seed) == (8, 7, 3)
 
 
@@ -93,7 +94,7 @@ def test_duplicate_key(tmp_path):
 def test_missing_recipe_and_unknown_packaged_name(tmp_path):
     assert "does not exist" in error_of(tmp_path / "nope.yaml")
     with pytest.raises(Exception, match="unknown recipe 'no-such-recipe'"):
-        load_recipe("no-such-recipe")
+        load_recipe("no-such-recipe", hub=default_hub())
 
 
 def test_every_packaged_recipe_validates_and_starts_with_its_command():
@@ -104,4 +105,4 @@ def test_every_packaged_recipe_validates_and_starts_with_its_command():
     for name, reg in recipes.items():
         first = reg.component.path.read_text().splitlines()[0]
         assert first.startswith("# miles ") and name in first, (name, first)
-        load_recipe(name)
+        load_recipe(name, hub=default_hub())

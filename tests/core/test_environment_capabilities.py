@@ -129,7 +129,7 @@ def test_miles_eval_refuses_before_any_episode(tmp_path) -> None:
     hub = Hub(pm)
     recipe = tmp_path / "r.yaml"
     recipe.write_text("environment: {name: web-files}\nsandbox: {backend: sealed}\nagent: {name: oracle}\n")
-    cfg = load_recipe(str(recipe), [], hub)
+    cfg = load_recipe(str(recipe), [], hub=hub)
     with pytest.raises(SandboxUnsupportedError, match="environment 'web-files' cannot run on sandbox backend 'sealed'"):
         asyncio.run(_evaluate(hub, cfg))
 

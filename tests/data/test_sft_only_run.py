@@ -14,6 +14,7 @@ import yaml
 from miles_engine.config.recipe import load_recipe
 from miles_engine import checkpoint
 from miles_engine.run.driver import run_recipe
+from miles_engine.hub import default_hub
 
 pytestmark = pytest.mark.slow
 
@@ -53,7 +54,7 @@ def run(path: str, run_dir, *, resume: bool = False, stop_after: int | None = No
 
             backend.sft_step = stepping
 
-    asyncio.run(run_recipe(load_recipe(path), run_dir, resume=resume, on_start=started))
+    asyncio.run(run_recipe(load_recipe(path), run_dir, resume=resume, on_start=started, hub=default_hub()))
 
 
 def sft_rows(run_dir) -> list[dict]:

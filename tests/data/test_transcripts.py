@@ -13,6 +13,7 @@ from miles_engine.tito import make_codec
 from miles_engine.tito.messages import normalize_messages, normalize_tools
 from miles_engine.models.policy_tokenizer import TokenizerConfig, policy_tokenizer
 from miles_engine.sft.dataset import SFTDatasetConfig, load_sft_data, read_transcripts, schedule
+from miles_engine.hub import default_hub
 
 
 def drill_rows(n: int, seed: int = 3) -> list[dict]:
@@ -28,11 +29,11 @@ def write_jsonl(path, rows) -> str:
 
 @pytest.fixture(scope="module")
 def codec():
-    boot = make_codec("chatml", "builtin:bpe-chatml")
+    boot = make_codec("chatml", "builtin:bpe-chatml", hub=default_hub())
     rows = drill_rows(200)
     texts = [boot.render(normalize_messages(r["messages"]), normalize_tools(r["tools"]), add_generation_prompt=False)
              for r in rows]
-    return make_codec("chatml", policy_tokenizer("chatml", texts, TokenizerConfig(vocab_size=600, cache=False)))
+    return make_codec("chatml", policy_tokenizer("chatml", texts, TokenizerConfig(vocab_size=600, cache=False)), hub=default_hub())
 
 
 def assistant_spans(codec, messages, tools) -> list[tuple[int, int]]:
@@ -118,7 +119,7 @@ def test_template_that_cannot_render_a_row(tmp_path):
                     "{{ raise_exception('system messages must come first') }}{% endif %}{% endfor %}"
                     + CHATML_TEMPLATE)
 
-    strict = make_codec(NoSecondSystem(), "builtin:bpe-chatml")
+    strict = make_codec(NoSecondSystem(), "builtin:bpe-chatml", hub=default_hub())
     rows = drill_rows(3)
     rows[2]["messages"].insert(2, {"role": "system", "content": "a second system message"})
     path = write_jsonl(tmp_path / "bad.jsonl", rows)

@@ -16,6 +16,7 @@ from miles_engine.evaluation.evaluator import Evaluator, _Job
 from miles_engine.evaluation.external import parse_result
 from miles_engine.evaluation.runner import eval_path, read_records, run_eval, summary_metrics, write_records
 from miles_engine.evaluation.splits import EvalTasks
+from miles_engine.hub import default_hub
 
 
 class ScriptedTask:
@@ -161,14 +162,14 @@ def test_eval_sampling_overrides_reach_the_recipe_agent() -> None:
     from miles_engine.run import evaluate as standalone
     from miles_engine.hub import default_hub
 
-    cfg = load_recipe("tiny-terminal", ["eval.sampling.temperature=0", "eval.sampling.max_tokens=7"])
+    cfg = load_recipe("tiny-terminal", ["eval.sampling.temperature=0", "eval.sampling.max_tokens=7"], hub=default_hub())
     hub = default_hub()
     during = evaluator._agent_factory(SimpleNamespace(cfg=cfg, hub=hub), "http://127.0.0.1:9")().options
     alone = standalone._agent_factory(hub, cfg, "http://127.0.0.1:9")().options
     for options in (during, alone):
         assert (options.temperature, options.max_tokens, options.max_turns) == (0.0, 7, 3)  # max_turns: the agent's
         assert options.server_url == "http://127.0.0.1:9"
-    untouched = evaluator._agent_factory(SimpleNamespace(cfg=load_recipe("tiny-terminal"), hub=hub), "http://x")()
+    untouched = evaluator._agent_factory(SimpleNamespace(cfg=load_recipe("tiny-terminal", hub=default_hub()), hub=hub), "http://x")()
     assert (untouched.options.temperature, untouched.options.max_tokens) == (1.0, 40)
 
 
@@ -189,7 +190,7 @@ def test_the_eval_engine_is_checked_when_the_recipe_loads(tmp_path: Path) -> Non
     recipe.write_text("environment:\n  name: shell-drills\neval:\n  mode: dedicated\n  engine:\n    kind: server\n"
                       "    options:\n      max_batch_sise: 4\n")
     with pytest.raises(ConfigError, match=r"r.yaml:\d+: unknown key 'eval.engine.options.max_batch_sise'"):
-        load_recipe(recipe)
-    assert load_recipe(recipe, ["eval.engine.options={max_batch_size: 4}"]).eval.engine.options == {"max_batch_size": 4}
+        load_recipe(recipe, hub=default_hub())
+    assert load_recipe(recipe, ["eval.engine.options={max_batch_size: 4}"], hub=default_hub()).eval.engine.options == {"max_batch_size": 4}
     with pytest.raises(MilesError, match="unknown engine 'nosuch'; available: embedded, external, server, sglang"):
-        load_recipe(recipe, ["eval.engine.kind=nosuch"])
+        load_recipe(recipe, ["eval.engine.kind=nosuch"], hub=default_hub())

@@ -14,6 +14,7 @@ from miles_engine.errors import ConfigError
 from miles_engine.evaluation.config import EvalConfig
 from miles_engine.evaluation.splits import check_disjoint, hash_fraction, select_eval_tasks, train_filter
 from miles_engine.rollout.tasks import TaskStream
+from miles_engine.hub import default_hub
 from miles_env_harbor import HarborSource
 from miles_env_terminal_tasks.drills import DrillOptions, ShellDrillsSource
 from miles_env_terminal_tasks.packaged import packaged_source
@@ -110,7 +111,7 @@ def test_resume_refuses_a_changed_split_and_names_the_keys(tmp_path: Path) -> No
     from miles_engine.evaluation.splits import resume_split_change
 
     def config(*overrides: str) -> dict:
-        return load_recipe("tiny-terminal", list(overrides)).model_dump(mode="json")
+        return load_recipe("tiny-terminal", list(overrides), hub=default_hub()).model_dump(mode="json")
 
     written = config("eval.every=5")
     manifest = {"fingerprint": checkpoint_compat.fingerprint(written, "tok"), "tokenizer_sha256": "tok",
@@ -169,7 +170,7 @@ def test_an_eval_environment_of_its_own_during_training(tmp_path: Path) -> None:
     hub = default_hub()
 
     def inputs(*overrides: str) -> SimpleNamespace:
-        cfg = load_recipe("tiny-terminal", ["eval.every=2", "eval.limit=3", *overrides])
+        cfg = load_recipe("tiny-terminal", ["eval.every=2", "eval.limit=3", *overrides], hub=default_hub())
         source = hub.create("environment", cfg.environment.name, cfg.environment.options, where="environment.options")
         assert train_filter(cfg.eval, source) is None  # nothing held out of training
         return SimpleNamespace(cfg=cfg, hub=hub, source=source, tasks=TaskStream(source), run_dir=tmp_path)

@@ -20,7 +20,7 @@ from miles_engine.cli.main import cli
 from miles_engine.errors import ConfigError
 from miles_engine.evaluation import stats
 from miles_engine.evaluation.runner import per_task_values, read_records
-from tests.train.fleet_helpers import train_cli
+from tests.run.fleet_helpers import train_cli
 
 CHEAP = ["run.steps=4", "run.checkpoint_every=2", "run.max_minutes=null", "metrics.progress=false", "sft.enabled=false",
          "tokenizer.corpus_demos=300", "rollout.groups_per_step=2", "rollout.group_size=4", "rollout.max_inflight=8",
@@ -59,7 +59,7 @@ def versions_by_step(rows: list[dict[str, Any]]) -> dict[int, int]:
 @pytest.mark.timeout(600)
 def test_dedicated_engine_evaluates_snapshots_while_training(tmp_path: Path) -> None:
     """The default eval engine (one embedded engine of its own, fed by colocated transport); a
-    `server` eval engine is evaluated in tests/train/test_fleet_e2e.py (learning run)."""
+    `server` eval engine is evaluated in tests/run/test_fleet_e2e.py (learning run)."""
     run, rows = train(tmp_path, "dedicated", *CHEAP, "eval.mode=dedicated")
     evals = eval_rows(rows)
     assert sorted(evals) == [0, 2, 4]

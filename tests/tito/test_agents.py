@@ -134,12 +134,12 @@ def test_packaged_terminal_task_solved_by_a_scripted_policy(codecs, terminal_tas
 
 def test_packaged_terminal_tasks_against_the_embedded_engine(codecs, terminal_tasks):
     pytest.importorskip("torch")
-    from miles_engine.tito.serve import fit_tiny_spec
+    from miles_engine.models.source import fit_tiny_spec
 
     embedded = pytest.importorskip("miles_engine.engines.embedded")
     env, backend = terminal_tasks
     codec = codecs["chatml"]  # a small vocabulary keeps the random-init model quick to build
-    engine = RecordingEngine(embedded.load_engine(fit_tiny_spec("tiny:qwen3", codec.tokenizer)))
+    engine = RecordingEngine(embedded.load_engine(fit_tiny_spec("tiny:qwen3", codec.tokenizer.vocab_size)))
     manager = SessionManager(engine, codec, SessionServerConfig(default_max_tokens=16))
     task_ids = [ref.id for ref in env.list_tasks()][:2]
     results = []

@@ -75,7 +75,7 @@ def test_the_command_line_picks_the_fleet() -> None:
     """--engine-url: external servers (one engine per URL); --engines: any recipe-style list, checked
     like a recipe; --model with --replicas: launched server processes; nothing: one error saying what to give."""
     from miles_engine.errors import ConfigError
-    from miles_engine.tito.fleet_serve import fleet_groups
+    from miles_engine.run.tito_serve import fleet_groups
 
     [ext] = fleet_groups(None, ["http://127.0.0.1:30000", "http://127.0.0.1:30001"], 1, None)
     assert ext.kind == "external" and ext.replicas == 2 and ext.options["urls"][1].endswith(":30001")

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from miles_engine.cli.tito_cmd import tito
 from miles_engine.tito.harness import default_harness_dir
 from miles_engine.tito.harness_check import check_harness
+from miles_engine.hub import default_hub
 from tests.tito.harness_kit import check_one_exact_session, custom_harness, require_harness_cli
 
 # First: the host's loopback is not this sandbox's, only the relay leads out.
@@ -48,7 +49,7 @@ def test_custom_harness_reaches_its_session_only_through_the_forwarder():
         host_listener.listen(1)
         port = host_listener.getsockname()[1]
         [summary] = asyncio.run(check_harness(CUSTOM, sessions=1, backend_options={"memory_mb": None}, timeout_s=60,
-                                              env={"MILES_HOST_PORT": str(port)}))
+                                              env={"MILES_HOST_PORT": str(port)}, hub=default_hub()))
     check_one_exact_session(summary)
     assert "isolated" in summary["stdout_tail"] and "LEAK" not in summary["stdout_tail"]
 
@@ -59,7 +60,7 @@ def test_real_cli_harness_in_a_sandbox(preset, binary):
     require_harness_cli(binary)
     _namespace_or_skip()
     [summary] = asyncio.run(check_harness("", sessions=1, preset=preset, backend_options=_backend_options(),
-                                          timeout_s=150))
+                                          timeout_s=150, hub=default_hub()))
     check_one_exact_session(summary)
 
 

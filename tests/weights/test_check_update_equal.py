@@ -21,6 +21,7 @@ from miles_engine.weights.tensors import digest, digests
 from tests.rollout.helpers import run
 from tests.weights.check_helpers import Alter, SkipOne, truncate_to_bf16
 from tests.weights.helpers import TINY_QWEN3, differing, trainer_model
+from miles_engine.hub import default_hub
 
 SKIPPED = "model.layers.1.mlp.down_proj.weight"
 
@@ -179,8 +180,8 @@ def test_recipe_options():
     from miles_engine.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"unknown key 'weights.check_tolerance.rtl' \(did you mean 'rtol'\?\)"):
-        load_recipe("tiny-terminal", ["weights.check_update_equal=true", "weights.check_tolerance.rtl=0.01"])
-    cfg = load_recipe("tiny-terminal", ["weights.check_update_equal=true", "weights.check_tolerance.rtol=0.01"])
+        load_recipe("tiny-terminal", ["weights.check_update_equal=true", "weights.check_tolerance.rtl=0.01"], hub=default_hub())
+    cfg = load_recipe("tiny-terminal", ["weights.check_update_equal=true", "weights.check_tolerance.rtol=0.01"], hub=default_hub())
     assert cfg.weights.check == CheckOptions(tolerance=CheckTolerance(rtol=0.01))
 
 

@@ -15,6 +15,7 @@ from miles_engine.config.recipe import load_recipe
 from miles_engine.weights import TRANSPORTS
 from miles_engine.weights.check import WeightCheckError
 from miles_engine.weights.colocated import ColocatedTransport
+from miles_engine.hub import default_hub
 
 SHORT = ["sft.enabled=false", "tokenizer.corpus_demos=300", "rollout.mode=sync", "placement.trainer=in_process",
          "rollout.group_size=2", "rollout.groups_per_step=2", "rollout.max_inflight=4", "buffer.capacity_groups=4",
@@ -36,13 +37,13 @@ async def _train(cfg, run_dir: Path, switch_intervals: list[float] | None = None
         if switch_intervals is not None:
             switch_intervals.append(sys.getswitchinterval())
 
-    return await run_recipe(cfg, run_dir, on_start=started)
+    return await run_recipe(cfg, run_dir, on_start=started, hub=default_hub())
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("transport", ["colocated", "disk_delta"])
 def test_recipe_runs_with_every_push_checked(tmp_path: Path, transport: str) -> None:
-    cfg = load_recipe("tiny-terminal", [*SHORT, f"weights.transport={transport}", f"run.out_dir={tmp_path}"])
+    cfg = load_recipe("tiny-terminal", [*SHORT, f"weights.transport={transport}", f"run.out_dir={tmp_path}"], hub=default_hub())
     assert cfg.weights.check is not None and cfg.weights.check.tolerance is None
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -60,7 +61,7 @@ def test_recipe_runs_with_every_push_checked(tmp_path: Path, transport: str) -> 
 @pytest.mark.timeout(180)
 def test_recipe_stops_on_a_transport_that_skips_a_tensor(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setitem(TRANSPORTS, "colocated", f"{__name__}:ColocatedSkippingOne")
-    cfg = load_recipe("tiny-terminal", [*SHORT, f"run.out_dir={tmp_path}"])
+    cfg = load_recipe("tiny-terminal", [*SHORT, f"run.out_dir={tmp_path}"], hub=default_hub())
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     with pytest.raises(WeightCheckError) as err:

@@ -11,6 +11,7 @@ import pytest
 from miles_engine.config.recipe import load_recipe
 from miles_engine.weights.disk_delta.layout import read_index, scan
 from miles_engine.weights.tensors import digests
+from miles_engine.hub import default_hub
 
 SHORT = ["sft.enabled=false", "tokenizer.corpus_demos=300", "rollout.mode=sync", "placement.trainer=in_process",
          "rollout.group_size=2", "rollout.groups_per_step=2", "rollout.max_inflight=4", "buffer.capacity_groups=4",
@@ -23,12 +24,12 @@ def test_tiny_recipe_runs_over_disk_delta(tmp_path: Path, encoding: str) -> None
     from miles_engine.run.driver import run_recipe
 
     cfg = load_recipe("tiny-terminal", [*SHORT, f"weights.disk_delta.encoding={encoding}",
-                                        f"run.out_dir={tmp_path}"])
+                                        f"run.out_dir={tmp_path}"], hub=default_hub())
     run_dir = tmp_path / "run"
     run_dir.mkdir()
 
     runs = []
-    last = asyncio.run(run_recipe(cfg, run_dir, on_start=runs.append))
+    last = asyncio.run(run_recipe(cfg, run_dir, on_start=runs.append, hub=default_hub()))
     parts = runs[0].parts
     engine = digests(parts.engines.slots[0].engine.model.state_dict())
     trainer = digests(dict(parts.trainer.backend.named_tensors()))

@@ -100,7 +100,7 @@ def test_miles_eval_runs_the_rows_and_stops_the_server_it_started(rows_file, tmp
             "jsonl": str(rows_file), "server": {"command": server_command(port), "url": f"http://127.0.0.1:{port}"}}},
         "agent": {"name": "nop"}, "eval": {"jobs": 2}}))
     hub = Hub()
-    results = asyncio.run(_evaluate(hub, load_recipe(str(recipe), [], hub)))
+    results = asyncio.run(_evaluate(hub, load_recipe(str(recipe), [], hub=hub)))
     assert [r.reward for r in results] == [0.0] * 4  # the no-op agent never answers (scored, not an error)
     with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=2):
         pass  # nothing listens any more: the server's process group was killed

@@ -8,6 +8,7 @@ import functools
 from collections.abc import AsyncIterator, Callable
 
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, TensorMeta
+from miles_engine.hub import default_hub
 
 TOKENIZER = "builtin:bpe-chatml"
 
@@ -16,7 +17,7 @@ TOKENIZER = "builtin:bpe-chatml"
 def codec():
     from miles_engine.tito import make_codec
 
-    return make_codec("chatml", TOKENIZER)
+    return make_codec("chatml", TOKENIZER, hub=default_hub())
 
 
 class ScriptedJudgeModel:

@@ -21,6 +21,7 @@ from miles_engine.tito.harness import default_harness_dir
 from miles_engine.tito.harness_check import check_harness
 from miles_sandbox_docker.options import DockerSandboxOptions
 from tests.tito.harness_kit import check_one_exact_session, custom_harness, require_harness_cli
+from miles_engine.hub import default_hub
 
 pytestmark = pytest.mark.timeout(400)
 
@@ -76,7 +77,7 @@ def test_custom_harness_reaches_its_session_server_and_nothing_else():
 
         [summary] = asyncio.run(check_harness(
             CUSTOM, sessions=1, backend="docker", timeout_s=120, backend_options={"run_id": run_id},
-            env={"MILES_HOST_IP": _host_ip(), "MILES_HOST_PORT": str(port)}))
+            env={"MILES_HOST_IP": _host_ip(), "MILES_HOST_PORT": str(port)}, hub=default_hub()))
         with pytest.raises(BlockingIOError):
             listener.accept()
     check_one_exact_session(summary)
@@ -96,6 +97,6 @@ def test_real_cli_harness_in_a_container(preset, binary):
     run_id = "route-" + secrets.token_hex(3)
     [summary] = asyncio.run(check_harness(
         "", sessions=1, preset=preset, backend="docker", timeout_s=150,
-        backend_options={"run_id": run_id, "ro_binds": {"/miles/harnesses": default_harness_dir()}}))
+        backend_options={"run_id": run_id, "ro_binds": {"/miles/harnesses": default_harness_dir()}}, hub=default_hub()))
     check_one_exact_session(summary)
     assert _left_behind(run_id)[0] == []

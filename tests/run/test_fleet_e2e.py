@@ -20,11 +20,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.fleet_helpers import assert_accounted, assert_learns, resume_with, metric_rows
+from tests.run.fleet_helpers import assert_accounted, assert_learns, resume_with, metric_rows
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-# broadcast: learning over it is asserted by tests/train/test_ray_e2e.py (the same server engines
+# broadcast: learning over it is asserted by tests/run/test_ray_e2e.py (the same server engines
 # and push, in Ray actors, through an engine kill); here its recovery is (the SIGKILL test below)
 @pytest.mark.parametrize("transport", ["disk_delta"])
 def test_two_server_engines_learn(warm_run: Path, tmp_path: Path, transport: str) -> None:

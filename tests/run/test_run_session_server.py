@@ -14,6 +14,7 @@ import pytest
 
 from miles_engine.config.recipe import load_recipe
 from miles_engine.run.compose import compose
+from miles_engine.hub import default_hub
 
 
 def _free_port() -> int:
@@ -27,7 +28,7 @@ def _free_port() -> int:
 def test_the_run_serves_sessions_to_a_harness_in_another_process(tmp_path: Path) -> None:
     port = _free_port()
     cfg = load_recipe("tiny-terminal", ["sft.enabled=false", "tokenizer.corpus_demos=200", "rollout.mode=sync",
-                                        "placement.trainer=in_process", f"session_server.port={port}"])
+                                        "placement.trainer=in_process", f"session_server.port={port}"], hub=default_hub())
     run_dir = tmp_path / "run"
 
     def harness(url: str) -> tuple[int, dict]:
@@ -41,7 +42,7 @@ def test_the_run_serves_sessions_to_a_harness_in_another_process(tmp_path: Path)
         return out.usage.completion_tokens, report
 
     async def main() -> None:
-        async with compose(cfg, run_dir) as parts:
+        async with compose(cfg, run_dir, hub=default_hub()) as parts:
             url = (run_dir / "session_server.url").read_text().strip()
             assert url == f"http://127.0.0.1:{port}" == parts.server.url
             sampled, report = await asyncio.to_thread(harness, url)

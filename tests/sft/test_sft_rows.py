@@ -11,16 +11,17 @@ from miles_engine.tito.service import SessionManager
 from miles_engine.engines.scripted import ScriptedEngine
 from miles_engine.models.policy_tokenizer import TokenizerConfig, policy_tokenizer
 from miles_engine.tito.rows import assistant_text, conversation_row
+from miles_engine.hub import default_hub
 
 
 def drills_codec(n: int = 400):
     source = Hub().create("environment", "shell-drills", {"kinds": ["echo", "calc"]})
     demos = list(source.demonstrations(n, seed=3))
-    boot = make_codec("chatml", "builtin:bpe-chatml")
+    boot = make_codec("chatml", "builtin:bpe-chatml", hub=default_hub())
     texts = [boot.render(normalize_messages(d.conversation()), normalize_tools(d.tools), add_generation_prompt=False)
              for d in demos]
     tok = policy_tokenizer("chatml", texts, TokenizerConfig(vocab_size=1024, cache=False))
-    return make_codec("chatml", tok), demos
+    return make_codec("chatml", tok, hub=default_hub()), demos
 
 
 def test_policy_tokenizer_has_no_fake_special_tokens():

@@ -10,13 +10,14 @@ import pytest
 from miles_engine.config import load_recipe
 from miles_engine.errors import ConfigError, SandboxUnsupportedError
 from miles_engine.run.compose import compose
+from miles_engine.hub import default_hub
 
 
 def build_error(tmp_path: Path, overrides: list[str]) -> str:
-    cfg = load_recipe("tiny-terminal", overrides)
+    cfg = load_recipe("tiny-terminal", overrides, hub=default_hub())
 
     async def go() -> None:
-        async with compose(cfg, tmp_path / "run"):
+        async with compose(cfg, tmp_path / "run", hub=default_hub()):
             pass
 
     with pytest.raises((ConfigError, SandboxUnsupportedError)) as err:
@@ -27,7 +28,7 @@ def build_error(tmp_path: Path, overrides: list[str]) -> str:
 
 def load_error(overrides: list[str]) -> str:
     with pytest.raises(ConfigError) as err:
-        load_recipe("tiny-terminal", overrides)
+        load_recipe("tiny-terminal", overrides, hub=default_hub())
     return str(err.value)
 
 

@@ -18,6 +18,7 @@ from miles_engine.tito.families.chatml import CHATML_TEMPLATE, ChatMLFamily
 from miles_engine.tito.families.qwen3 import QWEN3_TEMPLATE
 from miles_engine.tito.messages import normalize_messages, normalize_tools
 from miles_engine.models.tokenizer import load_tokenizer
+from miles_engine.hub import default_hub
 
 GGUF = smollm2_gguf_path()
 # Like Qwen3's official template: reasoning of earlier assistant turns is not rendered again.
@@ -66,7 +67,7 @@ def test_template_without_a_stop_token_is_refused():
 
 def test_missing_template_names_the_option():
     with pytest.raises(ConfigError, match="chat_family.options.template"):
-        make_codec("template", "builtin:bpe-chatml")
+        make_codec("template", "builtin:bpe-chatml", hub=default_hub())
 
 
 def test_family_from_type_and_template(tmp_path):
@@ -87,7 +88,7 @@ def test_family_from_type_and_template(tmp_path):
 def test_smollm2_own_template_on_its_gguf_tokenizer():
     tok = load_tokenizer(str(GGUF))
     assert family_from_source(str(GGUF)) == "chatml"
-    codec = make_codec("template", tok)  # SmolLM2's template renders no tools: proven on the rest
+    codec = make_codec("template", tok, hub=default_hub())  # SmolLM2's template renders no tools: proven on the rest
     assert codec.family.stop_tokens[0] == "<|im_end|>" and not codec.family.tool_calls
     # chatml with SmolLM2's default system prompt renders exactly what its own template does
     system = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"

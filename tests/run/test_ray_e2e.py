@@ -7,8 +7,8 @@ Mid-run one engine actor is SIGKILLed: a fresh actor takes its bundle with the c
 runs, every listening socket of the run's processes (driver, Ray's head, the actors, the
 engine servers) is on loopback; afterwards none of those processes remains.
 
-Resumes the session's warm run (tests/train/conftest.py) for 30 RL steps; bounded by steps. Learning
-is judged on held-out drills evaluated at the first and last steps (tests/train/learning.py).
+Resumes the session's warm run (tests/conftest.py) for 30 RL steps; bounded by steps. Learning
+is judged on held-out drills evaluated at the first and last steps (tests/run/learning.py).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
-from tests.train.fleet_helpers import FLEET, MILES, assert_accounted, assert_learns, metric_rows
-from tests.train.learning import EVAL_FIRST_AND_LAST
+from tests.run.fleet_helpers import FLEET, MILES, assert_accounted, assert_learns, metric_rows
+from tests.run.learning import EVAL_FIRST_AND_LAST
 
 psutil = pytest.importorskip("psutil")
 pytest.importorskip("ray")  # the `ray` extra; ./dev.sh test installs it

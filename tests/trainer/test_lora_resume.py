@@ -28,7 +28,7 @@ WORKER = textwrap.dedent("""
     torch.set_num_threads(1)
     from miles_engine import checkpoint
     from miles_engine.trainer.torch_trainer import TorchTrainer
-    from tests.pretrained.test_lora_resume import CONFIG, TINY, groups
+    from tests.trainer.test_lora_resume import CONFIG, TINY, groups
     trainer = TorchTrainer(dict(TINY), CONFIG)
     for step in (1, 2):
         trainer.train_step(groups(step))

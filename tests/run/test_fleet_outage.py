@@ -15,10 +15,11 @@ from miles_engine.engines.router import NoHealthyEngine, Router
 from miles_engine.rollout.buffer import AsyncBuffer
 from miles_engine.run.training import TrainingRun
 from tests.engines.fakes import FakeEngine
+from miles_engine.hub import default_hub
 
 
 def _run(router: Router, timeout_s: float, tmp_path: Path) -> TrainingRun:
-    cfg = load_recipe("tiny-terminal", [f"fleet.unhealthy_timeout_s={timeout_s}"])
+    cfg = load_recipe("tiny-terminal", [f"fleet.unhealthy_timeout_s={timeout_s}"], hub=default_hub())
     parts = SimpleNamespace(cfg=cfg, run_dir=tmp_path, mode=None, engines=router, opd=None,
                             trainer=SimpleNamespace(weight_version=0),
                             buffer=AsyncBuffer(cfg.buffer))  # empty: get() waits for groups that never come

@@ -3,7 +3,7 @@ and sync rollouts, so every RL step trains only tokens sampled under the trainer
 (under the recipe's fully_async a step may train only tokens one version old, which measure
 staleness, not numerics): at every step the numerics gap is exactly 0.0, no token is stale and the
 importance ratio is exactly 1. And the recipe still learns (the tiny-terminal e2e's bar,
-tests/train/learning.py: the held-out reward after 30 steps above the SFT weights', paired).
+tests/run/learning.py: the held-out reward after 30 steps above the SFT weights', paired).
 Bounded by steps: the recipe's full SFT warm start (the shared ``warm_run``, resumed from its
 step-0 checkpoint: the SFT weights, before any rollout), 30 RL steps, the wall-clock limit lifted."""
 
@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from miles_engine.cli.main import cli
-from tests.train.learning import EVAL_FIRST_AND_LAST, assert_held_out_rise
+from tests.run.learning import EVAL_FIRST_AND_LAST, assert_held_out_rise
 
 STEPS = 30
 

@@ -1,5 +1,5 @@
 """The tiny-terminal recipe learns on trainer.backend=megatron: the shared warm run (the recipe's SFT
-warm start and one RL step on the torch backend, tests/train/conftest.py) resumes on the Megatron
+warm start and one RL step on the torch backend, tests/conftest.py) resumes on the Megatron
 backend - its checkpoint moves between the backends - and 30 RL steps raise the reward by the same
 bar as test_tiny_terminal_e2e.py, with real rollouts and checked weight pushes every step.
 
@@ -18,8 +18,8 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
-from tests.train.fleet_helpers import metric_rows, train_cli  # noqa: E402
-from tests.train.learning import EVAL_FIRST_AND_LAST, assert_held_out_rise  # noqa: E402
+from tests.run.fleet_helpers import metric_rows, train_cli  # noqa: E402
+from tests.run.learning import EVAL_FIRST_AND_LAST, assert_held_out_rise  # noqa: E402
 
 RESUME = ["trainer.backend=megatron", "run.steps=31", "run.checkpoint_every=10", "run.max_minutes=null",
           "metrics.progress=false", "weights.check_update_equal=true", *EVAL_FIRST_AND_LAST]

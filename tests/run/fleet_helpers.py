@@ -12,7 +12,7 @@ import sys
 import threading
 from pathlib import Path
 
-from tests.train.learning import assert_held_out_rise
+from tests.run.learning import assert_held_out_rise
 
 MILES = [sys.executable, "-m", "miles_engine.cli.main", "train"]
 FLEET = ["engines=[{kind: server, replicas: 2}]", "run.max_minutes=null", "metrics.progress=false",
@@ -57,7 +57,7 @@ def resume_with(warm: Path, dest: Path, overrides: list[str], *, while_running=N
 
 
 def assert_learns(run: Path, *, one_outage: bool = False) -> list[dict]:
-    """Learned (tests/train/learning.py: held-out evaluations at the first and last steps, which
+    """Learned (tests/run/learning.py: held-out evaluations at the first and last steps, which
     the run must have been given, e.g. with EVAL_FIRST_AND_LAST); the router used both engines.
     ``one_outage``: one engine may be down for one stretch of steps (killed, then restarted: a
     restart takes wall-clock seconds, however many steps that is on this box) and must be back

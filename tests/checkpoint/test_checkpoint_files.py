@@ -70,7 +70,7 @@ def test_roundtrip_and_last_k_kept(tmp_path: Path) -> None:
 
 def test_a_crash_inside_the_write_leaves_the_previous_checkpoint_whole(tmp_path: Path) -> None:
     code = ("import sys; from pathlib import Path; sys.path.insert(0, '.'); "
-            "from tests.train.test_checkpoint_files import save; save(Path(sys.argv[1]), 1); "
+            "from tests.checkpoint.test_checkpoint_files import save; save(Path(sys.argv[1]), 1); "
             "save(Path(sys.argv[1]), 2)")
     env = {**os.environ, crash_points.ENV: "checkpoint_write@2"}
     proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], env=env, cwd=Path(__file__).parents[2],

@@ -5,7 +5,7 @@ the TITO session server over HTTP, local sandbox subprocesses, a trainer in its 
 weight pushes every step. The recipe runs as shipped (both drills, its full SFT warm start: a
 shorter or single-drill SFT leaves a weaker start whose RL rise over ~20 steps sits right at
 the margin), only with fewer RL steps: 30 of its 60, and held-out evaluations at the first and
-last steps. Asserts the learning bar of tests/train/learning.py (held-out reward up, paired, 95%
+last steps. Asserts the learning bar of tests/run/learning.py (held-out reward up, paired, 95%
 interval above 0), not exact values.
 
 The recipe's first command (SFT warm start and RL step 1) is the session's shared ``warm_run``
@@ -23,7 +23,7 @@ import pytest
 from click.testing import CliRunner
 
 from miles_engine.cli.main import cli
-from tests.train.learning import EVAL_FIRST_AND_LAST, assert_held_out_rise
+from tests.run.learning import EVAL_FIRST_AND_LAST, assert_held_out_rise
 
 # bounded by steps: the recipe's run.max_minutes is lifted (it ended RL after one step on a loaded box)
 STEPS = 30
