@@ -23,26 +23,24 @@ class RayOptions(Section):
                                  "/tmp/miles-ray-*; unix socket paths under it must stay short)")
     namespace: str = Field("miles", description="the Ray namespace of the run's actors")
     dashboard: bool = Field(False, description="start Ray's dashboard with the private cluster")
-    engine_resources: dict[str, float] = Field(
-        default_factory=lambda: {"CPU": 1.0},
-        description="what one engine actor reserves (one placement-group bundle per engine); an engine group "
-        "on a cuda device adds GPU: 1")
-    trainer_resources: dict[str, float] = Field(
-        default_factory=lambda: {"CPU": 1.0},
-        description="what one trainer rank actor reserves (one bundle per rank); trainer.parallel.device=cuda "
-        "adds GPU: 1")
+    engine_resources: dict[str, float] | None = Field(
+        None, description="what one engine actor reserves (one placement-group bundle per engine); an engine group "
+        "on a cuda device adds GPU: 1; unset: 1 CPU, or, when the run's actors would need more CPUs than the cluster has, an equal share of what the explicitly sized components leave")
+    trainer_resources: dict[str, float] | None = Field(
+        None, description="what one trainer rank actor reserves (one bundle per rank); trainer.parallel.device=cuda "
+        "adds GPU: 1; unset: 1 CPU, or, when the run's actors would need more CPUs than the cluster has, an equal share of what the explicitly sized components leave")
     episode_runners: int = Field(
         2, ge=1, description="episode runner actors (each owns its sandbox backend and runs the task's agent); "
         "the scheduler hands each episode to the least busy one")
-    runner_resources: dict[str, float] = Field(
-        default_factory=lambda: {"CPU": 1.0}, description="what one episode runner actor reserves (one bundle "
-        "per runner, the bundles spread over nodes)")
+    runner_resources: dict[str, float] | None = Field(
+        None, description="what one episode runner actor reserves (one bundle per runner, the bundles spread over "
+        "nodes); unset: 1 CPU, or, when the run's actors would need more CPUs than the cluster has, an equal share of what the explicitly sized components leave")
     session_servers: int = Field(
         0, ge=0, description="TITO session servers as Ray actors (one bundle each, spread over nodes), each on its "
         "node's address with the driver's view of the engines; episodes use one on their runner's node. 0: the "
         "session server stays in the driver (enough on one node; set one per rollout node past that)")
-    session_server_resources: dict[str, float] = Field(
-        default_factory=lambda: {"CPU": 1.0}, description="what one session-server actor reserves")
+    session_server_resources: dict[str, float] | None = Field(
+        None, description="what one session-server actor reserves; unset: 1 CPU, or, when the run's actors would need more CPUs than the cluster has, an equal share of what the explicitly sized components leave")
     episode_retries: int = Field(
         1, ge=0, description="times an episode lost with a runner (or session server) that died is run again; "
         "past that it is a failed trajectory naming the runner")
@@ -62,8 +60,8 @@ class RayOptions(Section):
 
     @field_validator("engine_resources", "trainer_resources", "runner_resources", "session_server_resources")
     @classmethod
-    def _non_negative(cls, v: dict[str, float]) -> dict[str, float]:
-        bad = {k: x for k, x in v.items() if x < 0}
+    def _non_negative(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        bad = {k: x for k, x in (v or {}).items() if x < 0}
         if bad:
             raise ValueError(f"resource amounts must be >= 0, got {bad}")
         return v

@@ -43,6 +43,28 @@ def _check_placeable(cfg: Any, kinds: Sequence[Any]) -> None:
                               f"engines.{i}.kind=server")
 
 
+RESOURCE_KEYS = ("engine_resources", "trainer_resources", "runner_resources", "session_server_resources")
+DEFAULT_CPU = 1.0
+CPU_GRAIN = 1e-4  # Ray's fractional resource granularity
+
+
+def fit_cpus(bundles: dict[str, int], explicit: dict[str, dict[str, float] | None],
+             cluster_cpus: float) -> dict[str, dict[str, float]]:
+    """Each component's reservation per bundle: its ``placement.ray.*_resources`` when set; unset, 1
+    CPU, or an equal share of the CPUs the set ones leave when the run would not fit otherwise (a
+    2-CPU machine runs the defaults). What still does not fit is left to the resource check's error."""
+    out = {key: dict(res) for key, res in explicit.items() if res is not None}
+    auto = [key for key in bundles if explicit.get(key) is None]
+    taken = sum(out[key].get("CPU", 0.0) * bundles.get(key, 0) for key in out)
+    wanted = sum(bundles[key] for key in auto) * DEFAULT_CPU
+    share = DEFAULT_CPU
+    if auto and taken + wanted > cluster_cpus and cluster_cpus - taken > 0:
+        share = round(int((cluster_cpus - taken) / sum(bundles[key] for key in auto) / CPU_GRAIN) * CPU_GRAIN, 4)
+    for key in auto:
+        out[key] = {"CPU": share if share > 0 else DEFAULT_CPU}
+    return out
+
+
 def _with_gpu(resources: dict[str, float], device: str) -> dict[str, float]:
     out = dict(resources)
     if device.startswith("cuda"):
@@ -60,6 +82,9 @@ class RayPlacement:
         self.groups = {name: group for name, group, kind in zip(group_names(cfg.engines), cfg.engines, kinds)
                        if getattr(kind, "placeable", False)}
         self._bundles: dict[str, Any] = {}
+        # per bundle, by placement.ray key: fitted to the cluster once it is joined
+        self.resources = fit_cpus(self.bundle_counts(), {k: getattr(self.options, k) for k in RESOURCE_KEYS},
+                                  float("inf"))
         self.runners: Any = None  # RayEpisodeRunners, once started
         self.servers: Any = None  # RaySessionServers, once started
 
@@ -69,6 +94,8 @@ class RayPlacement:
         self = cls(cfg, kinds, run_name)
         await asyncio.to_thread(self.cluster.connect)
         stack.push_async_callback(asyncio.to_thread, self.cluster.shutdown)
+        cpus = float(self.cluster.ray.cluster_resources().get("CPU", 0.0))
+        self.resources = fit_cpus(self.bundle_counts(), {k: getattr(self.options, k) for k in RESOURCE_KEYS}, cpus)
         self.cluster.check_resources(self.demands())
         for name, group in self.groups.items():  # reserve now: a cluster that cannot hold them fails before any start
             pg = await asyncio.to_thread(self.cluster.placement_group, [self.engine_resources(group)] * group.replicas,
@@ -76,11 +103,19 @@ class RayPlacement:
             self._bundles[name] = pg
         return self
 
+    def bundle_counts(self) -> dict[str, int]:
+        """How many bundles each ``placement.ray.*_resources`` key sizes in this run."""
+        counts = {"engine_resources": sum(g.replicas for g in self.groups.values()),
+                  "trainer_resources": self.cfg.trainer.parallel.world_size,
+                  "runner_resources": self.options.episode_runners,
+                  "session_server_resources": self.options.session_servers}
+        return {k: n for k, n in counts.items() if n}
+
     def engine_resources(self, group: Any) -> dict[str, float]:
-        return _with_gpu(self.options.engine_resources, group.device)
+        return _with_gpu(self.resources.get("engine_resources", {"CPU": DEFAULT_CPU}), group.device)
 
     def trainer_resources(self) -> dict[str, float]:
-        return _with_gpu(self.options.trainer_resources, self.cfg.trainer.parallel.device)
+        return _with_gpu(self.resources["trainer_resources"], self.cfg.trainer.parallel.device)
 
     def demands(self) -> list[Demand]:
         out = [Demand(f"engines.{i} ({g.kind}, {g.replicas} replica(s))", self.engine_resources(g), g.replicas)
@@ -89,12 +124,12 @@ class RayPlacement:
         out.append(Demand(f"the trainer (trainer.parallel.world_size={world} rank(s))", self.trainer_resources(), world,
                           "trainer_resources"))
         n = self.options.episode_runners
-        out.append(Demand(f"the episode runners (placement.ray.episode_runners={n})", self.options.runner_resources, n,
-                          "runner_resources"))
+        out.append(Demand(f"the episode runners (placement.ray.episode_runners={n})", self.resources["runner_resources"],
+                          n, "runner_resources"))
         if self.options.session_servers:
             n = self.options.session_servers
             out.append(Demand(f"the session servers (placement.ray.session_servers={n})",
-                              self.options.session_server_resources, n, "session_server_resources"))
+                              self.resources["session_server_resources"], n, "session_server_resources"))
         return out
 
     # ------------------------------------------------------------------ the episode runners
@@ -103,7 +138,8 @@ class RayPlacement:
         from miles_engine.cluster.episode_runners import RayEpisodeRunners
 
         o = self.options
-        self.runners = RayEpisodeRunners(self.cluster, spec, count=o.episode_runners, resources=o.runner_resources,
+        self.runners = RayEpisodeRunners(self.cluster, spec, count=o.episode_runners,
+                                         resources=self.resources["runner_resources"],
                                          retries=o.episode_retries, after=after, servers=servers)
         return await self.runners.start()
 
@@ -115,7 +151,7 @@ class RayPlacement:
 
         o = self.options
         self.servers = RaySessionServers(self.cluster, router, codec, config, count=o.session_servers,
-                                         resources=o.session_server_resources)
+                                         resources=self.resources["session_server_resources"])
         return await self.servers.start()
 
     # ------------------------------------------------------------------ the trainer

@@ -89,6 +89,17 @@ class RecipeConfig(Section):
         return data
 
     @model_validator(mode="after")
+    def _routing_replay_records_experts(self) -> RecipeConfig:
+        # R3 replays the experts the engines chose for each sampled token: the session server must ask for them
+        if self.trainer.algorithm.routing_replay and not self.session_server.record_routed_experts:
+            if "record_routed_experts" in self.session_server.model_fields_set:
+                raise ValueError("trainer.algorithm.routing_replay=true replays the MoE experts the engines routed "
+                                 "each sampled token to, but session_server.record_routed_experts=false records none; "
+                                 "drop that override (routing replay turns it on)")
+            self.session_server.record_routed_experts = True
+        return self
+
+    @model_validator(mode="after")
     def _true_on_policy(self) -> RecipeConfig:
         # the engines' true_on_policy is derived from trainer.true_on_policy (run/compose.py): one key
         if self.trainer.true_on_policy:

@@ -222,6 +222,10 @@ class TrainerConfig(Section):
         if self.true_on_policy and self.backend != "torch":
             raise ValueError(f"true_on_policy=true needs backend='torch' (got {self.backend!r}): the engine runs "
                              f"the Hugging Face model, whose batch-invariant forward only the torch backend shares")
+        if self.lora.enabled and self.backend == "megatron":
+            raise ValueError("lora.enabled=true needs backend='torch' (got 'megatron'): the Megatron trainer trains "
+                             "the full model and has no adapters (miles export --merged would merge none); use "
+                             "trainer.backend=torch, or drop trainer.lora")
         if self.true_on_policy and self.lora.enabled:
             raise ValueError("true_on_policy=true does not work with lora.enabled=true: the engine runs the merged "
                              "weights W + BA, the trainer W and BA apart, and they round differently")

@@ -197,3 +197,45 @@ def test_session_server_actors_are_counted_in_the_resource_check() -> None:
     assert off.placement.ray.session_servers == 0  # the default: the driver's session server
     assert not any("session servers" in d.component for d in RayPlacement(off, create_kinds(
         default_hub(), off.engines)).demands())
+
+
+def test_unset_reservations_fit_the_cluster_they_find() -> None:
+    """The defaults ask 1 CPU per actor; on a cluster too small for that (2 CPUs: one engine, one
+    trainer rank, two episode runners) every unset reservation gets an equal share of what the set
+    ones leave, so `placement.backend=ray` runs as shipped; set ones are kept as given."""
+    from miles_engine.cluster.placement import RayPlacement, fit_cpus
+    from miles_engine.cluster.ray_cluster import RayCluster
+    from miles_engine.config.recipe import load_recipe
+    from miles_engine.engines.fleet.build import create_kinds
+    from miles_engine.errors import ConfigError
+    from miles_engine.hub import default_hub
+
+    counts = {"engine_resources": 1, "trainer_resources": 1, "runner_resources": 2}
+    unset = dict.fromkeys(counts)
+    assert fit_cpus(counts, unset, 8.0) == {k: {"CPU": 1.0} for k in counts}  # room: 1 CPU each
+    assert fit_cpus(counts, unset, 2.0) == {k: {"CPU": 0.5} for k in counts}
+    three = fit_cpus(counts, {**unset, "trainer_resources": {"CPU": 1.0}}, 2.0)
+    assert three["trainer_resources"] == {"CPU": 1.0} and three["engine_resources"] == {"CPU": 0.3333}
+    assert fit_cpus(counts, {**unset, "trainer_resources": {"CPU": 4.0}}, 2.0)["runner_resources"] == {"CPU": 1.0}
+
+    class TwoCPUs:
+        @staticmethod
+        def cluster_resources() -> dict[str, float]:
+            return {"CPU": 2.0}
+
+    def placed(*overrides: str) -> RayPlacement:
+        cfg = load_recipe("tiny-terminal", ["placement.backend=ray", "engines=[{kind: server}]",
+                                            "weights.transport=broadcast", *overrides], hub=default_hub())
+        placement = RayPlacement(cfg, create_kinds(default_hub(), cfg.engines))
+        placement.cluster = RayCluster(cfg.placement.ray, ray=TwoCPUs())
+        placement.resources = fit_cpus(placement.bundle_counts(), {k: getattr(placement.options, k) for k in (
+            "engine_resources", "trainer_resources", "runner_resources", "session_server_resources")}, 2.0)
+        return placement
+
+    defaults = placed()
+    defaults.cluster.check_resources(defaults.demands())  # the shipped defaults fit 2 CPUs
+    assert [d.resources for d in defaults.demands()] == [{"CPU": 0.5}] * 3
+    too_big = placed("placement.ray.trainer_resources={CPU: 3}")  # one set key that cannot fit: named
+    with pytest.raises(ConfigError, match=r"the trainer .* asks for CPU: 3 x 1 bundle\(s\).*placement.ray."
+                                          r"trainer_resources"):
+        too_big.cluster.check_resources(too_big.demands())

@@ -106,3 +106,23 @@ def test_every_packaged_recipe_validates_and_starts_with_its_command():
         first = reg.component.path.read_text().splitlines()[0]
         assert first.startswith("# miles ") and name in first, (name, first)
         load_recipe(name, hub=default_hub())
+
+
+def test_lora_with_the_megatron_backend_is_refused_at_load(tmp_path):
+    """The Megatron trainer has no adapters: it would train the full model and `miles export --merged`
+    would merge none onto the untrained base. One error at load names both keys and the fix."""
+    path = write(tmp_path, GOOD)
+    msg = error_of(path, ["trainer.backend=megatron", "trainer.lora.enabled=true"])
+    assert f"{path}:" in msg and "'trainer'" in msg and "lora.enabled=true needs backend='torch'" in msg, msg
+    assert load_recipe(path, ["trainer.lora.enabled=true"], hub=default_hub()).trainer.lora.enabled
+
+
+def test_routing_replay_turns_on_recording_the_routed_experts(tmp_path):
+    """R3 replays the experts the engine recorded: routing_replay implies the session server records
+    them; an explicit record_routed_experts=false with it is one error instead of a silent no-op."""
+    path = write(tmp_path, GOOD)
+    assert not load_recipe(path, hub=default_hub()).session_server.record_routed_experts
+    cfg = load_recipe(path, ["trainer.algorithm.routing_replay=true"], hub=default_hub())
+    assert cfg.session_server.record_routed_experts
+    msg = error_of(path, ["trainer.algorithm.routing_replay=true", "session_server.record_routed_experts=false"])
+    assert "session_server.record_routed_experts=false records none" in msg and "drop that override" in msg, msg

@@ -32,11 +32,10 @@ from tests.run.learning import EVAL_FIRST_AND_LAST
 psutil = pytest.importorskip("psutil")
 pytest.importorskip("ray")  # the `ray` extra; ./dev.sh test installs it
 
-RAY = ["placement.backend=ray", "placement.ray.num_cpus=2", "placement.ray.engine_resources={CPU: 0.5}",
-       "placement.ray.trainer_resources={CPU: 0.5}", "placement.ray.runner_resources={CPU: 0.25}",
-       "weights.transport=broadcast", "weights.check_update_equal=true"]
-SESSION_ACTOR = ["placement.ray.session_servers=1", "placement.ray.runner_resources={CPU: 0.2}",
-                 "placement.ray.session_server_resources={CPU: 0.1}"]
+# a 2-CPU cluster with the default reservations: they shrink to fit it (placement.fit_cpus)
+RAY = ["placement.backend=ray", "placement.ray.num_cpus=2", "weights.transport=broadcast",
+       "weights.check_update_equal=true"]
+SESSION_ACTOR = ["placement.ray.session_servers=1"]
 
 
 def _loopback(ip: str) -> bool:
