@@ -12,34 +12,16 @@ task fully and names what is wrong, so a validator can report every broken task 
 
 from __future__ import annotations
 
-import fnmatch
 import tomllib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from miles_engine.environments.capabilities import EnvironmentCapabilities, capabilities_of_tasks
+from miles_engine.environments.capabilities import EnvironmentCapabilities
+from miles_engine.environments.directory import DirectoryTaskSource
 from miles_engine.environments.protocol import TaskRef
-from miles_engine.errors import TaskFormatError, UnknownComponentError, did_you_mean
 
 from miles_env_harbor.task import DefaultNetwork, HarborTask, load_harbor_task
-
-MAX_LISTED_IDS = 10
-
-
-def _is_task_dir(path: Path) -> bool:
-    return (path / "task.toml").is_file() or (path / "instruction.md").is_file()
-
-
-def unknown_task_error(source: str, task_id: str, available: Sequence[str]) -> UnknownComponentError:
-    """An unknown id: did-you-mean, and a few of the available ids (not thousands)."""
-    shown = ", ".join(available[:MAX_LISTED_IDS])
-    more = f", … ({len(available) - MAX_LISTED_IDS} more)" if len(available) > MAX_LISTED_IDS else ""
-    listing = f"{shown}{more}" if available else "none"
-    return UnknownComponentError(
-        f"unknown task '{task_id}' in environment '{source}'{did_you_mean(task_id, available)}; "
-        f"available ({len(available)}): {listing}"
-    )
 
 
 def _quick_ref(task_id: str, task_dir: Path) -> TaskRef:
@@ -63,7 +45,7 @@ def _quick_ref(task_id: str, task_dir: Path) -> TaskRef:
     )
 
 
-class HarborSource:
+class HarborSource(DirectoryTaskSource):
     """Harbor tasks under ``path``: a directory of task directories, or a single task directory.
 
     :param path: the dataset directory (each subdirectory holding ``task.toml`` or
@@ -80,52 +62,25 @@ class HarborSource:
     """
 
     task_class: type[HarborTask] = HarborTask
+    task_file = "task.toml"
 
     def __init__(self, path: str | Path, *, name: str = "harbor", include: Sequence[str] = (),
                  exclude: Sequence[str] = (), ignore_dockerfile: bool = False,
                  default_network: DefaultNetwork = "none") -> None:
-        self.path = Path(path).expanduser()
-        self.name = name
-        self.include = tuple(include)
-        self.exclude = tuple(exclude)
+        super().__init__(path, name=name, include=include, exclude=exclude)
         self.ignore_dockerfile = ignore_dockerfile
         self.default_network: DefaultNetwork = default_network
-        if not self.path.is_dir():
-            raise TaskFormatError(f"environment '{name}': task directory {self.path} does not exist")
 
-    @property
-    def single_task(self) -> bool:
-        return (self.path / "task.toml").is_file()
+    def is_task_dir(self, path: Path) -> bool:
+        return (path / "task.toml").is_file() or (path / "instruction.md").is_file()
 
-    def _selected(self, task_id: str) -> bool:
-        if self.include and not any(fnmatch.fnmatchcase(task_id, p) for p in self.include):
-            return False
-        return not any(fnmatch.fnmatchcase(task_id, p) for p in self.exclude)
+    def loadable(self, path: Path) -> bool:
+        return path.is_dir()  # a directory missing its files is the loader's to name
 
-    def _task_dirs(self) -> Iterator[tuple[str, Path]]:
-        if self.single_task:
-            yield self.path.name, self.path
-            return
-        for child in sorted(self.path.iterdir()):
-            if child.is_dir() and not child.name.startswith((".", "_")) and _is_task_dir(child):
-                if self._selected(child.name):
-                    yield child.name, child
+    def quick_ref(self, task_id: str, task_dir: Path) -> TaskRef:
+        return _quick_ref(task_id, task_dir)
 
-    def task_ids(self) -> list[str]:
-        return [task_id for task_id, _ in self._task_dirs()]
-
-    def list_tasks(self) -> Iterator[TaskRef]:
-        for task_id, task_dir in self._task_dirs():
-            yield _quick_ref(task_id, task_dir)
-
-    def load_task(self, task_id: str) -> HarborTask:
-        if self.single_task:
-            task_dir, known = self.path, task_id == self.path.name
-        else:
-            task_dir = self.path / task_id
-            known = "/" not in task_id and task_id not in ("", ".", "..") and task_dir.is_dir()
-        if not known or not self._selected(task_id):
-            raise unknown_task_error(self.name, task_id, self.task_ids())
+    def load_dir(self, task_dir: Path, task_id: str) -> HarborTask:
         return load_harbor_task(task_dir, task_id=task_id, source=self.name, ignore_dockerfile=self.ignore_dockerfile,
                                 default_network=self.default_network, task_class=self.task_class)
 
@@ -143,14 +98,4 @@ class HarborSource:
 
     def capabilities(self) -> EnvironmentCapabilities:
         """The widest needs over every task that loads (a malformed one is the validator's to report)."""
-        tasks = []
-        for task_id in self.task_ids():
-            try:
-                tasks.append(self.load_task(task_id))
-            except (TaskFormatError, UnknownComponentError):
-                continue
-        solved = bool(tasks) and all((t.solution_dir / "solve.sh").is_file() for t in tasks)
-        return capabilities_of_tasks(tasks, reference_solution=solved)
-
-    def __repr__(self) -> str:
-        return f"HarborSource(name={self.name!r}, path={str(self.path)!r})"
+        return self.capabilities_with(lambda t: (t.solution_dir / "solve.sh").is_file())
