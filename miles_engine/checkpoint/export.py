@@ -22,6 +22,7 @@ import yaml
 
 from miles_engine import checkpoint
 from miles_engine.errors import ConfigError
+from miles_engine.models.source import chat_template, resolve
 from miles_engine.trainer import lora
 
 
@@ -88,8 +89,6 @@ def merge_adapters(base: dict[str, Any], adapters: dict[str, Any], scaling: floa
 def _save_tokenizer(source: Any, dest: Path) -> None:
     from transformers import AutoTokenizer
 
-    from miles_engine.models.source import chat_template
-
     d = source.directory
     if source.kind == "gguf":
         tok = AutoTokenizer.from_pretrained(str(source.path.parent), gguf_file=source.path.name, local_files_only=True)
@@ -105,7 +104,6 @@ def _save_tokenizer(source: Any, dest: Path) -> None:
 
 def export_run(run_dir: str | Path, dest: str | Path, *, merged: bool = False) -> Path:
     from miles_engine.models.loading import load_model
-    from miles_engine.models.source import resolve
 
     run_dir, dest = Path(run_dir), Path(dest)
     if dest.is_file() or (dest.is_dir() and any(dest.iterdir())):

@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from miles_engine.config.yaml_source import apply_overrides
-from miles_engine.hub import Hub
+from miles_engine.hub import Hub, default_hub
 
 
 def parse_options(pairs: Iterable[str]) -> dict[str, Any]:
@@ -62,8 +62,6 @@ def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any
 def cli_hub() -> Hub:
     """The plugin hub of this command invocation: built once at the entry point, shared by every
     part of the command (outside a command: the process's hub)."""
-    from miles_engine.hub import default_hub
-
     ctx = click.get_current_context(silent=True)
     if ctx is None:
         return default_hub()

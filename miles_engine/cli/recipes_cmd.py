@@ -11,6 +11,7 @@ import yaml
 from miles_engine.cli.common import cli_hub, console, echo_json, table
 from miles_engine.config.recipe import load_recipe, resolve_recipe_path
 from miles_engine.errors import ConfigError
+from miles_engine.run.policy import check_model_section
 
 
 @click.group()
@@ -67,7 +68,5 @@ def cp(recipe: str, dest: Path, force: bool) -> None:
 def validate(recipe: str, overrides: tuple[str, ...]) -> None:
     """Validate a recipe and its overrides without running anything."""
     cfg = load_recipe(recipe, list(overrides), hub=cli_hub())
-    from miles_engine.run.policy import check_model_section
-
     model = check_model_section(cfg)  # model.path: resolved (no weights loaded), tokenizer located
     click.echo(f"ok: {recipe}" + (f" ({model})" if model else ""))

@@ -8,6 +8,8 @@ from pathlib import Path
 import click
 
 from miles_engine.cli.common import console, table
+from miles_engine.report import render_report
+from miles_engine.report.html import fmt
 
 
 @click.command("report")
@@ -18,9 +20,6 @@ from miles_engine.cli.common import console, table
 def report(run_dir: Path, out_dir: Path | None, open_browser: bool) -> None:
     """Render RUN_DIR/metrics.jsonl: reward, tool-use rate, staleness, queue size, TIS stats,
     step-time split, eval reward and SFT loss (each when logged) to PNGs and report.html."""
-    from miles_engine.report import render_report
-    from miles_engine.report.html import fmt
-
     result = render_report(run_dir, out_dir)
     con = console()
     con.print(table(None, ["summary", "value"], [(k, fmt(v)) for k, v in result.summary.items()]))

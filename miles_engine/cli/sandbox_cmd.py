@@ -8,8 +8,18 @@ from typing import Any
 
 import click
 
-from miles_engine.cli.common import build_sandbox_backend, cli_hub, console, echo_json, option_flag, parse_options, table
+from miles_engine.cli.common import (
+    build_sandbox_backend,
+    cli_hub,
+    console,
+    echo_json,
+    option_flag,
+    parse_options,
+    table,
+)
 from miles_engine.errors import ConfigError
+from miles_engine.sandbox.hostile import CASE_NAMES, default_spec, run_hostile_suite
+from miles_engine.sandbox.protocol import RUN_LABEL, NetworkPolicy, SweepableBackend
 
 backend_flag = click.option(
     "--backend", default="local", show_default=True, help="Sandbox backend: a registered name or a dotted import path."
@@ -60,9 +70,6 @@ def exec_cmd(
     One argument runs under ``bash -c`` (pipes, globs); several run as an argv list.
     The exit status is 0 whenever the sandbox ran, whatever the command did.
     """
-    from miles_engine.sandbox.hostile import default_spec
-    from miles_engine.sandbox.protocol import NetworkPolicy
-
     be = build_sandbox_backend(cli_hub(), backend, parse_options(options))
     spec = default_spec(be)
     updates: dict[str, Any] = {"env": _env_pairs(env_pairs)}
@@ -92,8 +99,6 @@ def exec_cmd(
 @click.option("--concurrency", type=int, default=4, show_default=True, help="Cases run at once.")
 def check_cmd(backend: str, options: tuple[str, ...], as_json: bool, cases: tuple[str, ...], concurrency: int) -> None:
     """Run the hostile-command suite; exit 1 if any case is not contained."""
-    from miles_engine.sandbox.hostile import CASE_NAMES, run_hostile_suite
-
     unknown = [c for c in cases if c not in CASE_NAMES]
     if unknown:
         raise click.BadParameter(
@@ -148,8 +153,6 @@ def check_cmd(backend: str, options: tuple[str, ...], as_json: bool, cases: tupl
 @click.option("--json", "as_json", is_flag=True, help="Print the removed sandbox ids as a JSON list.")
 def sweep_cmd(backend: str, options: tuple[str, ...], run_id: str, as_json: bool) -> None:
     """Remove every sandbox a run left behind on a remote backend (idempotent)."""
-    from miles_engine.sandbox.protocol import RUN_LABEL, SweepableBackend
-
     if not run_id.strip():
         raise click.BadParameter("must be a non-empty run id", param_hint="--run")
     be = build_sandbox_backend(cli_hub(), backend, parse_options(options))

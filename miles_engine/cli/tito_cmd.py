@@ -10,6 +10,16 @@ from typing import Any
 import click
 
 from miles_engine.cli.common import cli_hub, console, echo_json, option_flag, parse_options, table
+from miles_engine.engines.scripted import ScriptedEngine, random_policy
+from miles_engine.models.tokenizer import load_tokenizer
+from miles_engine.run.tito_serve import build_engine, default_tokenizer, fleet_groups, run_session_server, serve_fleet
+from miles_engine.tito import make_codec
+from miles_engine.tito.check import check_rendering
+from miles_engine.tito.check_engine import engine_roundtrip
+from miles_engine.tito.conversations import adapt, builtin_conversations, load_conversations
+from miles_engine.tito.families.auto import resolve_family_name
+from miles_engine.tito.harness_check import check_harness
+from miles_engine.tito.service import SessionServerConfig
 
 ENGINES = "random | embedded | none | an SGLang-compatible URL"
 
@@ -21,10 +31,6 @@ def tito() -> None:
 
 async def _roundtrip(kind: str, model: str | None, codec: Any, convs: list[Any], seed: int, max_tokens: int) -> Any:
     """Build the engine and run the round trip in one event loop (HTTP clients bind to it)."""
-    from miles_engine.tito.check_engine import engine_roundtrip
-    from miles_engine.run.tito_serve import build_engine
-    from miles_engine.engines.scripted import ScriptedEngine, random_policy
-
     if kind == "random":
         engine = ScriptedEngine(codec.tokenizer, random_policy(codec.tokenizer, codec.stop_ids[:1], seed=seed))
     elif kind == "embedded":
@@ -57,13 +63,6 @@ def check(family: str, tokenizer_spec: str, conversations: str | None, options: 
           model: str | None, max_tokens: int, seed: int, as_json: bool) -> None:
     """Check that FAMILY renders append-only, merges boundaries, parses its own turns, and that
     rows served through the session server equal the engine's sampled ids exactly."""
-    from miles_engine.tito import make_codec
-    from miles_engine.tito.check import check_rendering
-    from miles_engine.tito.conversations import adapt, builtin_conversations, load_conversations
-
-    from miles_engine.tito.families.auto import resolve_family_name
-    from miles_engine.models.tokenizer import load_tokenizer
-
     tokenizer = load_tokenizer(tokenizer_spec)
     codec = make_codec(resolve_family_name(family, None, tokenizer), tokenizer, options=parse_options(options),
                        hub=cli_hub())
@@ -110,13 +109,6 @@ def serve(family: str, model: str | None, engine_urls: tuple[str, ...], replicas
           tokenizer_spec: str | None, options: tuple[str, ...], host: str, port: int, port_file: str | None, mode: str,
           matcher: str, record_routed_experts: bool, threads: int | None) -> None:
     """Start an engine and a TITO session server (POST /sessions → an OpenAI base_url)."""
-    from miles_engine.tito import make_codec
-    from miles_engine.run.tito_serve import build_engine, default_tokenizer, fleet_groups, run_session_server, serve_fleet
-    from miles_engine.tito.service import SessionServerConfig
-
-    from miles_engine.tito.families.auto import resolve_family_name
-    from miles_engine.models.tokenizer import load_tokenizer
-
     tokenizer = load_tokenizer(default_tokenizer(model, tokenizer_spec))
     hub = cli_hub()
     codec = make_codec(resolve_family_name(family, model, tokenizer), tokenizer, options=parse_options(options),
@@ -156,7 +148,6 @@ def check_harness_cmd(command: str, preset: str, sessions: int, family: str, tim
     """Drive a harness through N sessions (a sandbox, scripted policy: one shell tool call, then an
     answer) and report per session and turn: trajectories, forks, tokens, mismatches by type."""
     from miles_engine.tito.harness import default_harness_dir
-    from miles_engine.tito.harness_check import check_harness
 
     if preset == "custom" and not command:
         raise click.UsageError("give COMMAND (a bash script) or --preset claude-code|codex")

@@ -23,7 +23,11 @@ from collections.abc import Callable, Sequence
 from contextlib import AsyncExitStack
 from typing import Any
 
+from miles_engine.cluster.episode_runners import RayEpisodeRunners
 from miles_engine.cluster.ray_cluster import Demand, RayCluster
+from miles_engine.cluster.session_servers import RaySessionServers
+from miles_engine.cluster.trainer_ranks import RayRanks
+from miles_engine.engines.fleet.build import group_names
 from miles_engine.errors import ConfigError
 
 
@@ -74,8 +78,6 @@ def _with_gpu(resources: dict[str, float], device: str) -> dict[str, float]:
 
 class RayPlacement:
     def __init__(self, cfg: Any, kinds: Sequence[Any], run_name: str = "miles") -> None:
-        from miles_engine.engines.fleet.build import group_names
-
         self.cfg = cfg
         self.options = cfg.placement.ray
         self.cluster = RayCluster(self.options, prefix=f"miles-{run_name}")
@@ -135,8 +137,6 @@ class RayPlacement:
     # ------------------------------------------------------------------ the episode runners
     async def episode_runners(self, spec: Any, after: Callable[..., Any] | None, servers: Any = None) -> Any:
         """Runner actors (agents + sandboxes) behind the scheduler's ``run_trajectory``, started."""
-        from miles_engine.cluster.episode_runners import RayEpisodeRunners
-
         o = self.options
         self.runners = RayEpisodeRunners(self.cluster, spec, count=o.episode_runners,
                                          resources=self.resources["runner_resources"],
@@ -147,8 +147,6 @@ class RayPlacement:
         """``placement.ray.session_servers`` session-server actors kept at ``router``'s view, started (None: 0)."""
         if not self.options.session_servers:
             return None
-        from miles_engine.cluster.session_servers import RaySessionServers
-
         o = self.options
         self.servers = RaySessionServers(self.cluster, router, codec, config, count=o.session_servers,
                                          resources=self.resources["session_server_resources"])
@@ -156,8 +154,6 @@ class RayPlacement:
 
     # ------------------------------------------------------------------ the trainer
     def trainer_ranks(self) -> Callable[..., Any]:
-        from miles_engine.cluster.trainer_ranks import RayRanks
-
         return functools.partial(RayRanks, cluster=self.cluster, resources=self.trainer_resources())
 
     # ------------------------------------------------------------------ EngineLauncher

@@ -28,6 +28,7 @@ from typing import Any
 
 from miles_engine.cluster.fleet_view import FleetView, ViewRouter, fleet_view
 from miles_engine.errors import MilesError
+from miles_engine.tito.serve import start_session_server
 
 log = logging.getLogger(__name__)
 BOOT_ATTEMPTS = 5
@@ -44,8 +45,6 @@ class SessionServerHost:
 
     async def start(self, view: FleetView) -> str:
         import ray
-
-        from miles_engine.tito.serve import start_session_server
 
         self.router = ViewRouter()
         await self.router.apply(view)

@@ -16,8 +16,8 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from miles_engine.trainer.distributed import RankWorker
 from miles_engine.trainer.protocol import TrainerError
-
 
 WEIGHT_THREADS = 4  # a broadcast waiting, an abort, a restarted engine's fetch, a check's digests
 
@@ -34,8 +34,6 @@ class RankHost:
             return host, s.getsockname()[1]
 
     def init(self, rank: int, world: int, init_method: str, model: Any, config: dict, make: Any) -> dict[str, Any]:
-        from miles_engine.trainer.distributed import RankWorker
-
         self.worker = RankWorker(rank, world, init_method, model, config, make)
         return self.worker.info()
 

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from miles_engine.trainer.distributed import _loads
 from miles_engine.trainer.protocol import TrainerError
 from miles_engine.weights.protocol import WeightPushError
 from miles_engine.weights.sender import Bucket
@@ -110,8 +111,6 @@ class Rank0Export:
 
     async def fetch(self, names: Sequence[str] | None = None) -> dict[str, Any]:
         """The tensors themselves, to the driver (a restarted engine; a failed check's diagnosis)."""
-        from miles_engine.trainer.distributed import _loads
-
         data = await self.sender.call("fetch", self.version, None if names is None else list(names))
         self.fetched_bytes += len(data)
         self.sender.fetched_bytes += len(data)

@@ -7,24 +7,24 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, ValidationError, model_validator
 
+from miles_engine.cluster.config import PlacementConfig
 from miles_engine.components import Section
-from miles_engine.errors import format_validation_error
+from miles_engine.config.yaml_source import apply_overrides, load_yaml_file
+from miles_engine.engines.fleet.build import check_transport, create_kinds, group_names
+from miles_engine.engines.fleet.config import EngineGroupConfig, FleetConfig
+from miles_engine.errors import ConfigError, MilesError, format_validation_error
 from miles_engine.evaluation.config import EvalConfig  # the `eval` section (miles eval, eval during training)
 from miles_engine.metrics import MetricsConfig
+from miles_engine.models.policy_tokenizer import TokenizerConfig
+from miles_engine.models.tiny import TinyModelConfig
 from miles_engine.rewards.config import RewardConfig
 from miles_engine.rollout.buffer import BufferOptions
 from miles_engine.rollout.config import RolloutConfig
-from miles_engine.engines.fleet.config import EngineGroupConfig, FleetConfig
-from miles_engine.models.policy_tokenizer import TokenizerConfig
-from miles_engine.teachers.config import OPDRunConfig
-from miles_engine.models.tiny import TinyModelConfig
-from miles_engine.trainer.config import TrainerConfig
-from miles_engine.cluster.config import PlacementConfig
 from miles_engine.sft.config import SFTRunConfig
+from miles_engine.teachers.config import OPDRunConfig
 from miles_engine.tito.service import RunSessionServerConfig
+from miles_engine.trainer.config import TrainerConfig
 from miles_engine.weights.config import WeightsConfig
-from miles_engine.config.yaml_source import apply_overrides, load_yaml_file
-from miles_engine.errors import ConfigError, MilesError
 
 if TYPE_CHECKING:
     from miles_engine.hub import Hub
@@ -163,8 +163,6 @@ def load_recipe(ref: str | Path, overrides: list[str] | None = None, *, hub: Hub
 
 def _check_engines(recipe: RecipeConfig, hub: Hub, path: str, lines: dict[str, int]) -> None:
     """The weight transport must reach every engine group (one line naming both keys)."""
-    from miles_engine.engines.fleet.build import check_transport, create_kinds, group_names
-
     kinds = create_kinds(hub, recipe.engines)  # cheap: a kind's factory only keeps its options
     try:
         group_names(recipe.engines)

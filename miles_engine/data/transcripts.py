@@ -15,6 +15,9 @@ from pydantic import Field
 
 from miles_engine.components import Section
 from miles_engine.data.errors import DataError
+from miles_engine.tito.errors import BadRequest
+from miles_engine.tito.messages import normalize_messages, normalize_tools
+from miles_engine.tito.rows import conversation_row
 
 Message = dict[str, Any]
 
@@ -48,9 +51,6 @@ def _json_field(row: dict[str, Any], key: str, file: str, number: int) -> Any:
 
 def parse_transcript(row: dict[str, Any], fields: TranscriptFields, file: str, number: int) -> Transcript:
     """Validate one row (message shapes, tool-call ids, one assistant turn at least, ends on one)."""
-    from miles_engine.tito.errors import BadRequest
-    from miles_engine.tito.messages import normalize_messages, normalize_tools
-
     if fields.messages not in row:
         raise DataError(file, "is missing", row=number, field=fields.messages)
     messages = _json_field(row, fields.messages, file, number)
@@ -87,8 +87,6 @@ def parse_transcript(row: dict[str, Any], fields: TranscriptFields, file: str, n
 
 def transcript_row(codec: Any, transcript: Transcript, file: str, field: str = "messages") -> tuple[list[int], list[int]]:
     """``(token_ids, loss_mask)``; a template that cannot render the row names it."""
-    from miles_engine.tito.rows import conversation_row
-
     try:
         return conversation_row(codec, transcript.prompt, transcript.turns, transcript.tools)
     except Exception as exc:  # noqa: BLE001 - jinja, TemplateError, ValueError: one line naming the row

@@ -40,7 +40,14 @@ from pathlib import Path
 from typing import Any
 
 from miles_engine.engines.errors import EngineUnavailable
-from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, RolloutEngine, TensorMeta
+from miles_engine.engines.protocol import (
+    GenerateRequest,
+    GenerateResult,
+    PauseMode,
+    RolloutEngine,
+    TensorMeta,
+    engine_version,
+)
 
 log = logging.getLogger(__name__)
 
@@ -235,8 +242,6 @@ class Router:
         return self._weights
 
     async def _readmit(self, slot: EngineSlot) -> None:
-        from miles_engine.engines.protocol import engine_version
-
         async with self._weights, self._admin:
             try:
                 current = await engine_version(slot.engine)  # asked, not a client's cache: it may have restarted

@@ -39,13 +39,13 @@ import logging
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from miles_engine.engines.errors import EngineCrashLoop, EngineUnavailable
 from miles_engine.engines.http.client import HttpEngine
+from miles_engine.engines.http.tensors import untied_cpu
 from miles_engine.engines.launch import ServerProcess
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TensorMeta
 from miles_engine.engines.supervised_sync import WeightSyncDelegation
@@ -350,8 +350,6 @@ class SupervisedEngine(WeightSyncDelegation):
     def _save(self, weights: Mapping[str, Any], version: int, merge: bool) -> Path:
         """Write the snapshot of ``version`` (``merge``: over the previous snapshot's tensors)."""
         from safetensors.torch import load_file, save_file
-
-        from miles_engine.engines.http.tensors import untied_cpu
 
         named = untied_cpu(weights)
         if merge and self._weights is not None and (self._weights / "model.safetensors").is_file():

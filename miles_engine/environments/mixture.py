@@ -20,6 +20,13 @@ from typing import TYPE_CHECKING, Any
 from pydantic import Field
 
 from miles_engine.components import Section
+from miles_engine.environments.capabilities import (
+    ISOLATION_ORDER,
+    EnvironmentCapabilities,
+    _widest,
+    close_environment,
+    environment_capabilities,
+)
 from miles_engine.environments.protocol import TaskRef
 from miles_engine.errors import UnknownComponentError
 
@@ -66,9 +73,6 @@ class MixtureSource:
 
     def capabilities(self) -> Any:
         """The widest of the sources' manifests."""
-        from miles_engine.environments.capabilities import (ISOLATION_ORDER, EnvironmentCapabilities, _widest,
-                                                            environment_capabilities)
-
         caps = [environment_capabilities(s) for s in self.sources]
         return EnvironmentCapabilities(
             needs_sandbox=any(c.needs_sandbox for c in caps), image=any(c.image for c in caps),
@@ -89,7 +93,5 @@ class MixtureSource:
             yield from source.demonstrations(share, seed=seed, wrong_fraction=wrong_fraction)
 
     async def aclose(self) -> None:
-        from miles_engine.environments.capabilities import close_environment
-
         for source in self.sources:
             await close_environment(source)

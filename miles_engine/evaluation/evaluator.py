@@ -31,8 +31,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from miles_engine.checkpoint import consumed
+from miles_engine.checkpoint.store import checkpoint_dir
 from miles_engine.errors import ConfigError
 from miles_engine.evaluation.config import EvalConfig
+from miles_engine.evaluation.external import link_copy, parse_result, run_command
+from miles_engine.evaluation.policy import ServedPolicy
 from miles_engine.evaluation.runner import AttemptRecord, eval_path, run_eval, summary_metrics, write_records
 from miles_engine.evaluation.splits import EvalTasks, check_disjoint, select_eval_tasks
 
@@ -208,8 +212,6 @@ def shared_in_flight(cfg: EvalConfig, rollout_mode: str) -> str:
 
 def trained_task_ids(run_dir: Path) -> set[str]:
     """The tasks of every group a resumed run has trained on so far."""
-    from miles_engine.checkpoint import consumed
-
     return {gid.rsplit("@", 1)[0] for row in consumed.read(run_dir) for gid in row.get("groups", [])}
 
 
@@ -264,8 +266,6 @@ async def build_evaluator(inputs: EvalInputs) -> Evaluator:
             return _Job(step, version, run, time.monotonic())
 
         return Evaluator(cfg, inputs.run_dir, prepare=prepare_shared, inline=True, **common)
-    from miles_engine.evaluation.policy import ServedPolicy
-
     served = await ServedPolicy.start(inputs.model, inputs.codec, inputs.cfg, hub=inputs.hub,
                                       state_dir=inputs.run_dir / "eval" / "engines", restore=inputs.trainer.last_pushed)
     closers.append(served.aclose)
@@ -284,8 +284,6 @@ async def build_evaluator(inputs: EvalInputs) -> Evaluator:
 
 
 def _external(inputs: Any) -> Callable[[int, int], Awaitable[_Job]]:
-    from miles_engine.evaluation.external import link_copy, parse_result, run_command
-
     cfg = inputs.cfg.eval
     assert cfg.external is not None
     eval_dir = inputs.run_dir / "eval"
@@ -297,8 +295,6 @@ def _external(inputs: Any) -> Callable[[int, int], Awaitable[_Job]]:
                                           "task_ids": held_out.ids}))
 
     async def prepare(step: int, version: int) -> _Job:
-        from miles_engine.checkpoint.store import checkpoint_dir
-
         source = checkpoint_dir(inputs.run_dir) / f"step_{step:08d}"
         work = eval_dir / f".external-step_{step:06d}"
         shutil.rmtree(work, ignore_errors=True)

@@ -14,6 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from miles_engine.engines.fleet.build import eval_engine_group, eval_transport, start_fleet
+from miles_engine.engines.fleet.kinds import FleetContext
+from miles_engine.tito.serve import start_session_server
+from miles_engine.weights import create_transport
+
 
 @dataclass
 class ServedPolicy:
@@ -33,11 +38,6 @@ class ServedPolicy:
                     restore: Any = None) -> ServedPolicy:
         """``restore`` (async, ``-> (tensors, version)``): what a supervised engine restarted before the
         first :meth:`load` serves (afterwards: the last loaded snapshot)."""
-        from miles_engine.engines.fleet.build import eval_engine_group, eval_transport, start_fleet
-        from miles_engine.engines.fleet.kinds import FleetContext
-        from miles_engine.tito.serve import start_session_server
-        from miles_engine.weights import create_transport
-
         group = eval_engine_group(cfg)
         kind = hub.create("engine", group.kind, group.options, where="eval.engine.options")
         transport_name = eval_transport(group, kind)

@@ -51,6 +51,7 @@ from miles_engine.teachers.setup import OPDInputs, OPDSetup
 from miles_engine.tito.client import close_pools
 from miles_engine.tito.families.base import ChatCodec
 from miles_engine.tito.serve import BackgroundServer, start_session_server
+from miles_engine.trainer.megatron.dist_checkpoint import check_backend
 from miles_engine.weights import create_transport
 from miles_engine.weights.disk_delta.baseline import write_baseline
 from miles_engine.weights.protocol import WeightTransport
@@ -187,8 +188,6 @@ async def _load_checkpoint(cfg: RecipeConfig, run_dir: Path) -> checkpoint.Loade
     t0 = time.perf_counter()
     resumed = await asyncio.to_thread(checkpoint.load_latest, run_dir)
     resumed.load_s = time.perf_counter() - t0
-    from miles_engine.trainer.megatron.dist_checkpoint import check_backend  # torch
-
     check_backend(resumed.trainer_state, cfg.trainer.backend, resumed.path)
     return resumed
 

@@ -17,7 +17,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from miles_engine.cluster.weight_sender import Rank0Export, Rank0Sender
 from miles_engine.config.recipe import RecipeConfig
+from miles_engine.trainer.factory import create_trainer
 
 
 class TrainerAccess:
@@ -33,8 +35,6 @@ class TrainerAccess:
         """``trainer.backend`` picks the backend, ``placement.trainer`` where it runs (the megatron
         backend always runs in rank processes), ``trainer.parallel.world_size`` how many ranks;
         ``ranks``: rank processes placed elsewhere (Ray actors)."""
-        from miles_engine.trainer.factory import create_trainer
-
         return cls(create_trainer(policy, cfg.trainer, subprocess=cfg.placement.trainer == "subprocess", ranks=ranks))
 
     def _locked(self, fn: Any, *args: Any) -> Any:
@@ -64,8 +64,6 @@ class TrainerAccess:
         ranks = weight_ranks() if weight_ranks is not None else None
         if ranks is None:
             return None
-        from miles_engine.cluster.weight_sender import Rank0Sender
-
         self._rank0 = Rank0Sender(ranks, control_timeout_s=control_timeout_s)
         return self._rank0
 
@@ -73,8 +71,6 @@ class TrainerAccess:
         """What a push sends: the trainer's tensors here, or (rank-0 sender) rank 0's export, kept there."""
         if self._rank0 is None:
             return await self.named_tensors()
-        from miles_engine.cluster.weight_sender import Rank0Export
-
         version = self.weight_version
         keep = self._pushed_on_rank0.version if self._pushed_on_rank0 is not None else None
         specs = await self._call(self.backend.stage_export, version, keep)

@@ -7,14 +7,13 @@ import asyncio
 import time
 from typing import Any
 
-from miles_engine.rollout.types import Group
 from miles_engine import checkpoint
-from miles_engine.checkpoint import consumed
-from miles_engine.checkpoint import crash_points
-from miles_engine.checkpoint import resume
+from miles_engine.checkpoint import consumed, crash_points, resume
+from miles_engine.evaluation.splits import resume_split_change
+from miles_engine.rollout.types import Group
 from miles_engine.run.compose import Components
-from miles_engine.run.step_metrics import EngineStepMetrics, sandbox_step_metrics
-from miles_engine.run.step_metrics import group_metrics
+from miles_engine.run.step_metrics import EngineStepMetrics, group_metrics, sandbox_step_metrics
+from miles_engine.sft.warm_start import SFTInputs, run_sft
 
 _UNPREFIXED = ("opd/", "tis/")  # trainer metrics the report reads under their own names
 
@@ -66,9 +65,6 @@ class TrainingRun:
         return self.stop_requested or (limit is not None and time.monotonic() - self.started > limit * 60)
 
     async def warm_start(self) -> None:
-        from miles_engine.evaluation.splits import resume_split_change
-        from miles_engine.sft.warm_start import SFTInputs, run_sft
-
         if self.parts.opd is not None:
             await self.parts.opd.prepare(stop=lambda: self.stop_requested)
         p = self.parts

@@ -22,6 +22,7 @@ from miles_engine.data.files import DataFileOptions, open_rows
 from miles_engine.data.splits import SplitOptions, check_disjoint, in_eval
 from miles_engine.data.transcripts import Transcript, TranscriptFields, parse_transcript, transcript_row
 from miles_engine.environments.capabilities import demonstrations
+from miles_engine.tito.messages import normalize_messages, normalize_tools
 
 
 class ExportDemos(Section):
@@ -148,8 +149,6 @@ def export_demonstrations(cfg: SFTDatasetConfig, source: Any) -> None:
 
 def corpus_texts(cfg: SFTDatasetConfig, codec: Any, limit: int, source: Any = None) -> list[str]:
     """Rendered training transcripts (the policy tokenizer's corpus when it is trained at start-up)."""
-    from miles_engine.tito.messages import normalize_messages, normalize_tools
-
     if source is not None:
         export_demonstrations(cfg, source)
 

@@ -22,6 +22,7 @@ from miles_engine.checkpoint.compat import check, flatten
 from miles_engine.errors import ConfigError
 from miles_engine.sft.config import SFTInputs
 from miles_engine.sft.dataset import SFTData, export_demonstrations, load_sft_data, schedule
+from miles_engine.trainer.rows import SFTRow
 
 _MAY_CHANGE = ("max_minutes", "dataset.eval_every", "dataset.checkpoint_every")
 
@@ -138,8 +139,6 @@ async def run_sft_dataset(inputs: SFTInputs) -> None:
     per_epoch = len(plan) / cfg.epochs
     inputs.metrics.set_total(len(plan), kind="sft")
     started = time.monotonic()
-    from miles_engine.trainer.rows import SFTRow
-
     for step in range(start + 1, len(plan) + 1):
         batch = [SFTRow(*data.train[i]) for i in plan[step - 1]]
         metrics = await inputs.trainer.sft_step(batch)

@@ -10,12 +10,11 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from miles_engine.tito.rows import conversation_row
+from miles_engine.trainer.rows import SFTRow
 
 
 def demo_rows(codec: Any, demos: Iterable[Any]) -> list[Any]:
     """Demonstrations as exact token rows (``SFTRow``), laid out as the session server lays out RL rows."""
-    from miles_engine.trainer.rows import SFTRow
-
     return [SFTRow(*conversation_row(codec, d.prompt, d.messages, d.tools)) for d in demos]
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from miles_engine.errors import ConfigError
+from miles_engine.models.tokenizer import load_tokenizer
 
 PROBE_TEXT = ("The quick brown fox jumps over 13 lazy dogs; echo $((42 * 7)) > out.txt && cat out.txt\n"
               "{\"name\": \"run\", \"arguments\": {\"cmd\": \"ls -la /tmp\"}} Ünïcødé ✓ 数字")
@@ -26,8 +27,6 @@ class VocabFingerprint:
 
 def fingerprint_tokenizer(tok: Any, probe: str, special_tokens: Sequence[str]) -> VocabFingerprint:
     """Fingerprint a :class:`~miles_engine.models.tokenizer.TitoTokenizer` (or anything it loads from)."""
-    from miles_engine.models.tokenizer import load_tokenizer
-
     t = load_tokenizer(tok)
     return VocabFingerprint(t.vocab_size, {s: t.token_id(s) for s in special_tokens}, tuple(t.encode(probe)))
 

@@ -49,6 +49,7 @@ from miles_engine.environments.protocol import (
     ToolSpec,
 )
 from miles_engine.errors import MilesError
+from miles_engine.hub import default_hub
 from miles_engine.rollout.episode import EpisodeResult, run_episode
 from miles_engine.sandbox.protocol import ISOLATION_ORDER
 
@@ -151,8 +152,6 @@ class EnvironmentContract:
 
     @pytest.fixture
     def sandbox_backend(self) -> Iterator[Any]:
-        from miles_engine.hub import default_hub
-
         backend = default_hub().create("sandbox", "local")
         yield backend
         asyncio.run(backend.aclose())

@@ -24,6 +24,9 @@ import functools
 from collections.abc import Mapping, Sequence
 
 from miles_engine.errors import SandboxError
+from miles_engine.sandbox.local.backend import LocalSandboxBackend
+from miles_engine.sandbox.local.options import LocalSandboxOptions
+from miles_engine.sandbox.local.probe import probe
 from miles_engine.sandbox.local.process import RawResult
 from miles_engine.sandbox.local.sandbox import LocalSandbox
 from miles_engine.sandbox.protocol import NetworkPolicy, SandboxSpec
@@ -37,8 +40,6 @@ class BoxGone(SandboxError):
 
 @functools.cache
 def namespaces_available() -> bool:
-    from miles_engine.sandbox.local.probe import probe
-
     return probe("auto", 2_000_000, 65_536).isolation == "namespace"
 
 
@@ -91,9 +92,6 @@ class LocalBoxes:
     """Starts :class:`LocalBox` es on one shared local backend."""
 
     def __init__(self, paths: Sequence[str] = BOX_PATHS) -> None:
-        from miles_engine.sandbox.local.backend import LocalSandboxBackend
-        from miles_engine.sandbox.local.options import LocalSandboxOptions
-
         self.paths = tuple(paths)
         self.backend = LocalSandboxBackend(LocalSandboxOptions(isolation="namespace", memory_mb=None))
         self.boxes: list[LocalBox] = []

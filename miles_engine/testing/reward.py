@@ -35,7 +35,8 @@ from miles_engine.environments.protocol import (
     RewardResult,
     TaskLimits,
 )
-from miles_engine.errors import SandboxError
+from miles_engine.errors import ConfigError, SandboxError
+from miles_engine.hub import Hub, default_hub, get_plugin_manager
 from miles_engine.sandbox.protocol import ExecResult, SandboxSpec
 
 T = TypeVar("T")
@@ -129,8 +130,6 @@ class RewardContract:
     # ------------------------------------------------------------------ hooks to override
     def hub(self) -> Any:
         """The hub the component is looked up in: ``plugin`` registered programmatically when set."""
-        from miles_engine.hub import Hub, default_hub, get_plugin_manager
-
         if self.plugin is None:
             return default_hub()
         from importlib import import_module
@@ -152,8 +151,6 @@ class RewardContract:
 
     def make_backend(self) -> Any:
         """The sandbox backend of samples that need one (default: the core ``local`` backend)."""
-        from miles_engine.hub import default_hub
-
         return default_hub().create("sandbox", "local", {})
 
     # ------------------------------------------------------------------ machinery
@@ -219,8 +216,6 @@ class RewardContract:
         comp = self.hub().component("reward", self.component)
         assert comp.options.model_config.get("extra") == "forbid", (
             f"reward '{self.component}': its options model must set extra='forbid' so typos are errors")
-        from miles_engine.errors import ConfigError
-
         try:
             self.hub().create("reward", self.component, {**self.options, "no_such_option_xyz": 1})
         except ConfigError as exc:

@@ -27,6 +27,8 @@ from typing import Any
 import pytest
 
 from miles_engine.errors import ConfigError
+from miles_engine.models.bpe import BPE_ADDED_TOKENS, train_bpe
+from miles_engine.models.tokenizer import TitoTokenizer, load_tokenizer
 from miles_engine.teachers.compat import PROBE_TEXT, fingerprint_tokenizer
 from miles_engine.teachers.protocol import ScoreRequest, Teacher
 from miles_engine.teachers.scoring import check_scores, check_teachers
@@ -39,8 +41,6 @@ def _run(coro: Any) -> Any:
 
 
 def _rows(tokenizer: Any) -> list[list[int]]:
-    from miles_engine.models.tokenizer import load_tokenizer
-
     tok = load_tokenizer(tokenizer)
     rows = [tok.encode(t) for t in TEXTS]
     rows = [r if len(r) >= 3 else r + tok.encode(" and more text") for r in rows]
@@ -48,10 +48,6 @@ def _rows(tokenizer: Any) -> list[list[int]]:
 
 
 def _differently_mapped_tokenizer() -> Any:
-    from miles_engine.models.tokenizer import TitoTokenizer
-    from miles_engine.models.bpe import BPE_ADDED_TOKENS
-    from miles_engine.models.bpe import train_bpe
-
     corpus = ["zebra quartz jumps vexingly over fjord nymphs " * 3, "0123456789 {}[]:;,.\"'", PROBE_TEXT[::-1]]
     return TitoTokenizer(train_bpe(corpus * 20, vocab_size=300, added=BPE_ADDED_TOKENS["chatml"]), name="other")
 

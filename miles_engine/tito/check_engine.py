@@ -15,6 +15,7 @@ from typing import Any
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult
 from miles_engine.tito.check import Conversation, Finding, unsupported
 from miles_engine.tito.families.base import ChatCodec
+from miles_engine.tito.service import SessionManager, SessionServerConfig
 
 
 class RecordingEngine:
@@ -105,7 +106,6 @@ async def engine_roundtrip(codec: ChatCodec, conversations: list[dict[str, Any]]
     import httpx
 
     from miles_engine.tito.server import create_app
-    from miles_engine.tito.service import SessionManager, SessionServerConfig
 
     recorder = RecordingEngine(engine)
     manager = SessionManager(recorder, codec, SessionServerConfig(mode=mode))  # type: ignore[arg-type]

@@ -17,7 +17,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from miles_engine.engines.protocol import GenerateRequest
+from miles_engine.engines.scripted import ScriptedEngine
+from miles_engine.environments.protocol import RewardResult, TaskLimits
+from miles_engine.rollout.episode import run_episode
+from miles_engine.sandbox.protocol import SandboxSpec
+from miles_engine.tito import make_codec
 from miles_engine.tito.families.base import ChatCodec
+from miles_engine.tito.service import SessionManager, SessionServerConfig
 
 if TYPE_CHECKING:
     from miles_engine.hub import Hub
@@ -74,13 +80,8 @@ async def check_harness(command: str, *, sessions: int = 2, preset: str = "custo
                         env: dict[str, str] | None = None, hub: Hub) -> list[dict[str, Any]]:
     """Run the harness agent ``sessions`` times in sandboxes of ``backend`` against a scripted policy
     (docker: image ubuntu:24.04, which the engine's image map may stand in for)."""
-    from miles_engine.environments.protocol import TaskLimits
-    from miles_engine.rollout.episode import run_episode
-    from miles_engine.tito import make_codec
     from miles_engine.tito.harness import HarnessAgent, HarnessAgentOptions
     from miles_engine.tito.server import ServerThread, create_app
-    from miles_engine.tito.service import SessionManager, SessionServerConfig
-    from miles_engine.engines.scripted import ScriptedEngine
 
     codec = make_codec(family, tokenizer or ("builtin:qwen3" if family == "qwen3" else f"builtin:bpe-{family}"), hub=hub)
     engine = ScriptedEngine(codec.tokenizer, tool_then_answer(codec, tool_command), canonical=False)
@@ -124,8 +125,6 @@ class _ShellTask:
         return [{"role": "user", "content": "Write the word miles to miles.txt with your shell tool."}]
 
     def sandbox_spec(self) -> Any:
-        from miles_engine.sandbox.protocol import SandboxSpec
-
         return SandboxSpec(image=self.image)
 
     def tools(self) -> list[Any]:
@@ -139,8 +138,6 @@ class _ShellTask:
     async def solve(self, ctx: Any) -> None: ...
 
     async def verify(self, ctx: Any) -> Any:
-        from miles_engine.environments.protocol import RewardResult
-
         data = await ctx.sandbox.exec("cat miles.txt 2>/dev/null")
         return RewardResult(reward=1.0 if data.stdout.strip() == "miles" else 0.0)
 

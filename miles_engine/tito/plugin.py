@@ -7,6 +7,10 @@ from pydantic import Field
 
 from miles_engine import hookimpl
 from miles_engine.components import Component, Section
+from miles_engine.tito.families.chatml import ChatMLFamily
+from miles_engine.tito.families.glm import GLMFamily
+from miles_engine.tito.families.qwen3 import Qwen3Family
+from miles_engine.tito.families.template import TemplateFamily, TemplateFamilyOptions
 
 
 class ThinkingFamilyOptions(Section):
@@ -18,33 +22,23 @@ class ChatMLOptions(Section):
 
 
 def _qwen3(opts: ThinkingFamilyOptions):  # type: ignore[no-untyped-def]
-    from miles_engine.tito.families.qwen3 import Qwen3Family
-
     return Qwen3Family(**opts.model_dump())
 
 
 def _glm(opts: ThinkingFamilyOptions):  # type: ignore[no-untyped-def]
-    from miles_engine.tito.families.glm import GLMFamily
-
     return GLMFamily(**opts.model_dump())
 
 
 def _chatml(opts: ChatMLOptions):  # type: ignore[no-untyped-def]
-    from miles_engine.tito.families.chatml import ChatMLFamily
-
     return ChatMLFamily(**opts.model_dump())
 
 
 def _template(opts):  # type: ignore[no-untyped-def]
-    from miles_engine.tito.families.template import TemplateFamily
-
     return TemplateFamily(opts)
 
 
 @hookimpl
 def miles_register_chat_families() -> list[Component]:
-    from miles_engine.tito.families.template import TemplateFamilyOptions
-
     return [
         Component("qwen3", _qwen3, ThinkingFamilyOptions,
                   "Qwen3: ChatML + <think> reasoning + <tool_call>{json}</tool_call>"),

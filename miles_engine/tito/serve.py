@@ -9,6 +9,7 @@ from typing import Any
 
 from miles_engine.errors import ConfigError
 from miles_engine.tito import local
+from miles_engine.tito.service import SessionManager
 
 
 class BackgroundServer:
@@ -36,7 +37,6 @@ async def start_session_server(engine: Any, codec: Any, *, host: str = "127.0.0.
     import uvicorn
 
     from miles_engine.tito.server import create_app
-    from miles_engine.tito.service import SessionManager
 
     class EmbeddedServer(uvicorn.Server):
         """Leaves signal handling to the host program (uvicorn would take SIGINT and re-raise it

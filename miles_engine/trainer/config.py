@@ -12,9 +12,9 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from miles_engine.components import Section
-from miles_engine.errors import ConfigError
-from miles_engine.trainer.megatron.config import MegatronConfig
+from miles_engine.errors import ConfigError, format_validation_error
 from miles_engine.trainer.lora import LoraOptions
+from miles_engine.trainer.megatron.config import MegatronConfig
 
 Estimator = Literal["grpo", "gspo", "ppo", "reinforce_pp"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
@@ -265,8 +265,6 @@ class TrainerConfig(Section):
         """Validate ``data``; a :class:`ConfigError` names every bad key (``prefix.key``)."""
         if isinstance(data, TrainerConfig):
             return data
-        from miles_engine.errors import format_validation_error
-
         try:
             return cls.model_validate(data or {})
         except ValidationError as exc:

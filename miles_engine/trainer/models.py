@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from miles_engine import batch_invariant
 from miles_engine.trainer import prefix as prefix_mod
 from miles_engine.trainer.prefix import PrefixMode
 
@@ -90,8 +91,6 @@ def keep_mask(mask: Tensor | None) -> Tensor | None:
 
 def _log_softmax(model: nn.Module, logits: Tensor) -> Tensor:
     """The engine's arithmetic when the model is batch-invariant (true on-policy)."""
-    from miles_engine import batch_invariant
-
     if batch_invariant.is_enabled(model):
         return batch_invariant.log_softmax(logits)
     return torch.log_softmax(logits, dim=-1)

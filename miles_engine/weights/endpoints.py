@@ -23,7 +23,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from miles_engine.engines.http.wire import error_body
-from miles_engine.errors import MilesError
+from miles_engine.errors import MilesError, did_you_mean
+from miles_engine.weights.receiver import DistributedReceiver, ReceiveError
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,6 @@ def _rows_as_float32(t: Any, truncate_size: int) -> Any:
 
 def add_weight_sync_routes(app: FastAPI, engine: Any, *, update_lock: asyncio.Lock,
                            parse: Callable[[Request], Awaitable[dict[str, Any]]]) -> None:
-    from miles_engine.weights.receiver import DistributedReceiver, ReceiveError
-
     receiver = DistributedReceiver(engine, update_lock=update_lock)
 
     async def _guard(call: Callable[[], Awaitable[str]], what: str) -> JSONResponse:
@@ -95,8 +94,6 @@ def add_weight_sync_routes(app: FastAPI, engine: Any, *, update_lock: asyncio.Lo
             return _refused("get_weights_by_name needs a tensor name (string field 'name')")
         if isinstance(truncate, bool) or not isinstance(truncate, int) or truncate < 1:
             return _refused(f"truncate_size must be a positive integer, got {truncate!r}")
-        from miles_engine.errors import did_you_mean
-
         async with update_lock:  # never read a half-copied update
             tensors = model.state_dict()
             if name not in tensors:

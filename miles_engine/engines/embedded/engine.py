@@ -37,8 +37,8 @@ import torch
 from pydantic import ValidationError
 
 from miles_engine.engines.embedded import weights as W
-from miles_engine.models.loading import load_model
 from miles_engine.engines.embedded.options import EmbeddedEngineOptions
+from miles_engine.engines.embedded.prompt_scoring import score_prompt
 from miles_engine.engines.embedded.runner import ModelRunner
 from miles_engine.engines.embedded.sampler import RowParams
 from miles_engine.engines.embedded.scheduler import Scheduler
@@ -46,6 +46,7 @@ from miles_engine.engines.embedded.sequence import Sequence
 from miles_engine.engines.errors import EngineUnavailable
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, SamplingParams, TensorMeta
 from miles_engine.errors import ConfigError, EngineRequestError
+from miles_engine.models.loading import load_model
 
 _PAUSE_MODES = ("abort", "retract", "in_place")
 
@@ -229,8 +230,6 @@ class EmbeddedEngine:
         """SGLang's prefill-only scoring (``max_new_tokens=0``): log-probs of ``input_ids[start+1:]``
         from one teacher-forced forward pass on the engine thread; see
         :class:`~miles_engine.engines.embedded.prompt_scoring.PromptLogprobs`. Never samples."""
-        from miles_engine.engines.embedded.prompt_scoring import score_prompt
-
         if self._closed or not self._sched.alive:
             raise EngineUnavailable("the embedded engine is closed")
         for what, values in (("input_ids", input_ids), ("token_ids_logprob", token_ids or [])):

@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from miles_engine.batch_invariant import log_softmax
+
 
 @dataclass(frozen=True)
 class RowParams:
@@ -56,8 +58,6 @@ def filtered_logprobs(logits: torch.Tensor, params: list[RowParams], *, invarian
 
 
 def _invariant_log_softmax(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    from miles_engine.batch_invariant import log_softmax
-
     return log_softmax(x)
 
 

@@ -7,29 +7,25 @@ from typing import Any
 from miles_engine import hookimpl
 from miles_engine.components import Component
 from miles_engine.engines.fleet import config
+from miles_engine.engines.fleet.embedded import EmbeddedKind
+from miles_engine.engines.fleet.external import ExternalKind
+from miles_engine.engines.fleet.server import ServerKind
+from miles_engine.engines.fleet.sglang_kind import SGLangKind
 
 
 def _embedded(options: config.EmbeddedKindOptions) -> Any:
-    from miles_engine.engines.fleet.embedded import EmbeddedKind
-
     return EmbeddedKind(options)
 
 
 def _server(options: config.ServerKindOptions) -> Any:
-    from miles_engine.engines.fleet.server import ServerKind
-
     return ServerKind(options)
 
 
 def _sglang(options: config.SGLangKindOptions) -> Any:
-    from miles_engine.engines.fleet.sglang_kind import SGLangKind
-
     return SGLangKind(options)
 
 
 def _external(options: config.ExternalKindOptions) -> Any:
-    from miles_engine.engines.fleet.external import ExternalKind
-
     return ExternalKind(options)
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from miles_engine.engines.http import wire
 from miles_engine.engines.http.wire import BadRequest
+from miles_engine.models.tokenizer import load_tokenizer
 
 SCORING_FIELDS = ("logprob_start_len", "top_logprobs_num", "token_ids_logprob", "return_text_in_logprobs")
 
@@ -131,8 +132,6 @@ async def score(engine: Any, req: ScoringRequest) -> dict[str, Any]:
 # --------------------------------------------------------------------------- tokenizer
 def find_tokenizer(engine: Any, model_path: str | None, tokenizer: Any) -> Any:
     """The server's tokenizer: the one given, else ``tokenizer.json`` in the model directory."""
-    from miles_engine.models.tokenizer import load_tokenizer
-
     if tokenizer is not None:
         return load_tokenizer(tokenizer)
     path = model_path or getattr(engine, "model_path", None)

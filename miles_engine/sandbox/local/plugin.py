@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from miles_engine import hookimpl
 from miles_engine.components import Component
+from miles_engine.sandbox.local.backend import LocalSandboxBackend
 from miles_engine.sandbox.local.options import LocalSandboxOptions
 
 
 def _make(options: LocalSandboxOptions):
-    from miles_engine.sandbox.local.backend import LocalSandboxBackend
-
     return LocalSandboxBackend(options)
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from miles_engine.models.source import chat_template, model_type, resolve
+
 AUTO = "auto"
 
 _QWEN3_TYPES = ("qwen3", "qwen3_moe", "qwen3_next")
@@ -29,8 +31,6 @@ def family_for(model_type: str | None, template: str | None) -> str:
 
 
 def family_from_source(model: Any) -> str:
-    from miles_engine.models.source import chat_template, model_type, resolve
-
     src = resolve(model)
     return family_for(model_type(src), chat_template(src))
 

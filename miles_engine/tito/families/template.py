@@ -23,9 +23,13 @@ from pydantic import Field
 
 from miles_engine.components import Section
 from miles_engine.errors import ConfigError
+from miles_engine.models.tokenizer import TitoTokenizer
+from miles_engine.tito.check import check_rendering
+from miles_engine.tito.conversations import adapt, builtin_conversations, load_conversations
+from miles_engine.tito.families.auto import family_for
 from miles_engine.tito.families.base import ChatCodec, ChatFamily, ParsedTurn, compile_template
 from miles_engine.tito.messages import template_view
-from miles_engine.models.tokenizer import TitoTokenizer
+from miles_engine.tito.parsers import parse_hermes_tool_calls, split_reasoning
 
 _PROBE = "Zq7Probe"
 _REASON = "Rq7Probe"
@@ -129,8 +133,6 @@ class TemplateFamily(ChatFamily):
 
     def parse(self, text: str, *, kwargs: dict[str, Any], tools: Sequence[dict[str, Any]],
               parse_tools: bool) -> ParsedTurn:
-        from miles_engine.tito.parsers import parse_hermes_tool_calls, split_reasoning
-
         reasoning = None
         if self.has_reasoning:
             reasoning, text = split_reasoning(text, prompt_closed=not self.thinking(kwargs))
@@ -142,10 +144,6 @@ class TemplateFamily(ChatFamily):
 
 def prove(codec: ChatCodec, conversations: str | None = None) -> None:
     """Refuse (``ConfigError``) unless the conformance check passes on ``codec``'s tokenizer."""
-    from miles_engine.tito.families.auto import family_for
-    from miles_engine.tito.check import check_rendering
-    from miles_engine.tito.conversations import adapt, builtin_conversations, load_conversations
-
     fam = codec.family
     convs = load_conversations(conversations) if conversations else [
         adapt(c, has_reasoning=fam.has_reasoning) for c in builtin_conversations()

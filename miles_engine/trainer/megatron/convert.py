@@ -17,6 +17,10 @@ from typing import Any
 
 import torch
 
+from miles_engine.models.loading import load_model
+from miles_engine.trainer.factory import create_trainer
+from miles_engine.trainer.megatron.dist_checkpoint import load_policy
+
 
 def policy_tensors(state: Mapping[str, Any], source: Any = None) -> dict[str, torch.Tensor]:
     """The policy's HF tensors of a trainer state dict (either backend). A state in Megatron's
@@ -36,8 +40,6 @@ def policy_tensors(state: Mapping[str, Any], source: Any = None) -> dict[str, to
 def to_hf_dir(tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]], source: Any,
               out_dir: str | Path, *, dtype: str = "float32") -> Path:
     """Write ``tensors`` (HF names) as a model directory with ``source``'s config."""
-    from miles_engine.models.loading import load_model
-
     named = dict(tensors.items() if isinstance(tensors, Mapping) else tensors)
     model, _ = load_model(source, dtype=dtype)
     expected = model.state_dict()
@@ -58,14 +60,10 @@ def to_hf_dir(tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Te
 def dist_policy_tensors(directory: str | Path, source: Any) -> dict[str, torch.Tensor]:
     """The policy's HF tensors of a Megatron distributed checkpoint directory (any TP / PP / EP it
     was written with): one TP=1 rank of ``source``'s model loads it, resharded, and gathers."""
-    from miles_engine.trainer.factory import create_trainer
-
     with create_trainer(source, {"backend": "megatron"}, world_size=1) as trainer:
         trainer.call(_load_policy, str(directory))
         return dict(trainer.named_tensors())
 
 
 def _load_policy(trainer: Any, directory: str) -> None:
-    from miles_engine.trainer.megatron.dist_checkpoint import load_policy
-
     load_policy(trainer, directory)

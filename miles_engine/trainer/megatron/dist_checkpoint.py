@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from miles_engine.errors import ConfigError
+from miles_engine.trainer.megatron import dist_writer
 
 if TYPE_CHECKING:  # torch is imported where used: the driver checks a checkpoint's format without it
     import torch
@@ -59,8 +60,10 @@ def _moments_sharded(tr: MegatronTrainer, opt: torch.optim.Optimizer, policy_sha
     """Adam's moments of the policy's parameters as sharded tensors mirroring the parameters
     (zeros as load targets when ``loading`` and the optimizer has not stepped yet)."""
     import torch
-    from megatron.core.dist_checkpointing.optimizer import (get_param_id_to_sharded_param_map,
-                                                            make_sharded_optimizer_tensor)
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        make_sharded_optimizer_tensor,
+    )
 
     params = [p for g in opt.param_groups for p in g["params"]]
     by_id = get_param_id_to_sharded_param_map(policy_sharded, params)
@@ -103,8 +106,6 @@ def save(tr: MegatronTrainer, directory: str | Path) -> dict[str, Any]:
     """Every rank writes its shards under ``directory`` (a collective); the small rest, for
     ``trainer.pt`` (rank 0's is the one kept)."""
     from megatron.core import dist_checkpointing
-
-    from miles_engine.trainer.megatron import dist_writer
 
     dist_writer.enable()
     model = _model_sharded(tr)

@@ -19,6 +19,7 @@ from miles_engine.errors import ConfigError
 from miles_engine.rollout.types import Group
 from miles_engine.trainer.config import TrainerConfig
 from miles_engine.trainer.distributed import FSDPTrainer, _dumps
+from miles_engine.trainer.megatron.dist_checkpoint import SUBDIR
 from miles_engine.trainer.rows import as_sft_rows, balance, split_groups, validate_groups
 
 
@@ -110,8 +111,6 @@ class MegatronTrainerProxy(FSDPTrainer):
     def checkpoint_shards(self) -> str | None:
         """The checkpoint subdirectory the ranks write their shards into
         (``trainer.megatron.checkpoint_format=dist``); None: :meth:`state_dict` holds everything."""
-        from miles_engine.trainer.megatron.dist_checkpoint import SUBDIR
-
         return SUBDIR if self.config.megatron.checkpoint_format == "dist" else None
 
     def save_shards(self, directory: str | Path) -> dict[str, Any]:

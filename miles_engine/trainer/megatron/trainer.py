@@ -21,8 +21,10 @@ from torch import Tensor, nn
 
 from miles_engine.errors import ConfigError
 from miles_engine.trainer.config import TrainerConfig
+from miles_engine.trainer.megatron import cpu_compat, dist_checkpoint, pipeline, state
 from miles_engine.trainer.megatron import hf_mapping as hm
 from miles_engine.trainer.megatron.gpt import HFCausalLM, build_gpt, shape_of
+from miles_engine.trainer.megatron.pipeline import last_stage_metrics, reduce_tied_embedding_grads
 from miles_engine.trainer.models import ValueHead, build_causal_lm
 from miles_engine.trainer.optim import build_optimizer
 from miles_engine.trainer.parallel import Local
@@ -33,8 +35,6 @@ def init_parallel(cfg: TrainerConfig) -> None:
     """Megatron's parallel state over the (initialised) default process group, and its RNG."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-    from miles_engine.trainer.megatron import cpu_compat
 
     cpu_compat.enable()
     m = cfg.megatron
@@ -239,18 +239,12 @@ class MegatronTrainer(TorchTrainer):
     # ------------------------------------------------------------------ micro-batches and metrics
     def run_micro_batches(self, batch: Any, plan: list[list[int]], fn: Any, dummy: Any, *, grad: bool = True,
                           keys: Any = ()) -> dict[str, Tensor]:
-        from miles_engine.trainer.megatron import pipeline
-
         return pipeline.run_micro_batches(self, batch, plan, fn, dummy, grad=grad, keys=keys)
 
     def train_minibatches(self, minibatches: Any) -> dict[str, float]:
-        from miles_engine.trainer.megatron.pipeline import last_stage_metrics
-
         return last_stage_metrics(super().train_minibatches(minibatches))
 
     def sft_step(self, batch: Any) -> dict[str, float]:
-        from miles_engine.trainer.megatron.pipeline import last_stage_metrics
-
         return last_stage_metrics(super().sft_step(batch))
 
     # ------------------------------------------------------------------ gradients and the step
@@ -311,8 +305,6 @@ class MegatronTrainer(TorchTrainer):
 
     def optimizer_step(self, opt: torch.optim.Optimizer, sched: Any, params: list[nn.Parameter]) -> dict[str, float]:
         """As the torch backend's (``clip_grad_norm_`` semantics), over the sharded parameters."""
-        from miles_engine.trainer.megatron.pipeline import reduce_tied_embedding_grads
-
         reduce_tied_embedding_grads(self)
         self._reduce_grads(params)
         norm = self._grad_norm(params)
@@ -336,15 +328,11 @@ class MegatronTrainer(TorchTrainer):
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """The torch backend's format (HF parameter names), gathered on rank 0: see :mod:`.state`."""
-        from miles_engine.trainer.megatron import state
-
         return state.state_dict(self)
 
     def load_state_dict(self, state_: dict[str, Any]) -> None:
         """Every rank gets the full state and loads its shards (from the state itself, or from the
         Megatron distributed checkpoint it names: :mod:`.dist_checkpoint`)."""
-        from miles_engine.trainer.megatron import dist_checkpoint, state
-
         if dist_checkpoint.is_dist(state_):
             dist_checkpoint.load(self, state_)
         else:
@@ -353,8 +341,6 @@ class MegatronTrainer(TorchTrainer):
     def save_shards(self, directory: str) -> dict[str, Any]:
         """``trainer.megatron.checkpoint_format=dist``: this rank's shards into ``directory`` (a
         collective), the small rest returned (see :mod:`.dist_checkpoint`)."""
-        from miles_engine.trainer.megatron import dist_checkpoint
-
         return dist_checkpoint.save(self, directory)
 
     def close(self) -> None:

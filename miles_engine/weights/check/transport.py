@@ -25,12 +25,14 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from miles_engine.weights.check.options import CheckOptions
+from miles_engine.engines.protocol import engine_version
+from miles_engine.weights.check.compare import Mismatch, as_engine_dtype, compare, random_fill_as
 from miles_engine.weights.check.errors import WeightCheckError
 from miles_engine.weights.check.exported import as_export, engine_dtypes
+from miles_engine.weights.check.options import CheckOptions
 from miles_engine.weights.check.readback import EngineReader, reader_for
-from miles_engine.engines.protocol import engine_version
 from miles_engine.weights.protocol import PushStats, WeightPushError, engines_of
+from miles_engine.weights.tensors import digest
 
 if TYPE_CHECKING:
     import torch
@@ -69,8 +71,6 @@ class CheckedTransport:
     def _exact(self, named: Mapping[str, torch.Tensor], meta: Mapping[str, TensorMeta]) -> dict[str, torch.Tensor]:
         import torch
 
-        from miles_engine.weights.check.compare import as_engine_dtype
-
         out = {}
         for n, t in named.items():
             m = meta.get(n)
@@ -79,9 +79,6 @@ class CheckedTransport:
 
     async def _fill(self, engine: Any, export: Any) -> None:
         import torch
-
-        from miles_engine.weights.check.compare import random_fill_as
-        from miles_engine.weights.tensors import digest
 
         meta = {m.name: m for m in engine.weight_metadata()}
         dtypes = engine_dtypes(export.specs, meta)
@@ -152,8 +149,6 @@ class CheckedTransport:
 
     # ------------------------------------------------------------------ check
     async def _check_engine(self, reader: EngineReader, export: Any) -> list[str]:
-        from miles_engine.weights.check.compare import Mismatch, compare
-
         meta = {m.name: m for m in reader.engine.weight_metadata()}
         names = export.names
         sums = await reader.digests(names)

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from miles_engine.engines.http.tensors import untied_cpu
 from miles_engine.weights.disk_delta import codec
 from miles_engine.weights.disk_delta.errors import BaselineMismatchError, DiskDeltaError
 from miles_engine.weights.disk_delta.layout import TensorEntry, VersionIndex, fsync_dir, version_dir, write_index
@@ -139,8 +140,6 @@ def write_baseline(tensors: list[tuple[str, Any]], path: Path) -> str:
     (they start from these weights: version 0 is exactly this file). Written once under a
     temporary name and renamed; a resumed run keeps the file its versions were published against."""
     from safetensors.torch import save_file
-
-    from miles_engine.engines.http.tensors import untied_cpu
 
     if not path.is_file():
         tmp = path.with_name(path.name + ".tmp")

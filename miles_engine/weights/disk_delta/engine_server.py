@@ -43,7 +43,11 @@ from pydantic import Field, ValidationError
 
 from miles_engine.components import Section
 from miles_engine.engines.http.wire import error_body
-from miles_engine.weights.disk_delta.errors import DiskDeltaError
+from miles_engine.engines.protocol import engine_version
+from miles_engine.weights.disk_delta.errors import DiskDeltaError, LineageError
+from miles_engine.weights.disk_delta.layout import read_index
+from miles_engine.weights.disk_delta.options import DiskDeltaOptions
+from miles_engine.weights.disk_delta.retention import write_lease
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +70,7 @@ def _engine_applier_class() -> type:
     """Defined lazily: the applier imports numpy, the server must start without it."""
     from miles_engine.weights.disk_delta import baseline as baseline_mod
     from miles_engine.weights.disk_delta.applier import ApplyStats, DeltaApplier
-    from miles_engine.weights.disk_delta.errors import LineageError
-    from miles_engine.weights.disk_delta.layout import read_index
     from miles_engine.weights.disk_delta.local_copy import LocalCopyStore
-    from miles_engine.weights.disk_delta.retention import write_lease
-    from miles_engine.engines.protocol import engine_version
 
     class EngineDeltaApplier(DeltaApplier):
         """A :class:`DeltaApplier` running next to its engine: loads under the server's weights
@@ -172,7 +172,6 @@ class DiskDeltaHost:
 
     async def _attach(self, req: DeltaSyncRequest) -> None:
         from miles_engine.weights.disk_delta.local_copy import LocalCopyStore
-        from miles_engine.weights.disk_delta.options import DiskDeltaOptions
 
         root = Path(req.publish_root).expanduser()
         if not root.is_dir():
@@ -190,8 +189,6 @@ class DiskDeltaHost:
         self.applier, self.attached = applier, req
 
     async def sync(self, req: DeltaSyncRequest) -> dict[str, Any]:
-        from miles_engine.engines.protocol import engine_version
-
         async with self._lock:
             if self.applier is not None and req.resync and self.applier.held != await engine_version(self.engine):
                 log.warning("disk_delta: engine serves version %s, its copy holds %s: resyncing",

@@ -24,8 +24,8 @@ import re
 from pathlib import Path
 from typing import Literal
 
-
 from miles_engine.components import Section
+from miles_engine.weights.disk_delta.errors import CorruptDeltaError, TornVersionError
 
 FORMAT = "miles-disk-delta/1"
 INDEX = "index.json"
@@ -86,8 +86,6 @@ def scan(root: Path) -> tuple[list[int], list[int]]:
 
 
 def read_index(root: Path, version: int) -> VersionIndex:
-    from miles_engine.weights.disk_delta.errors import CorruptDeltaError, TornVersionError
-
     d = version_dir(root, version)
     path = d / INDEX
     if not path.is_file():
