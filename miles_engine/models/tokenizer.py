@@ -12,14 +12,14 @@ BOS/EOS added) and ``decode``. Everything is plain ``list[int]``.
 from __future__ import annotations
 
 import hashlib
-import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from miles_engine.errors import ConfigError
 from miles_engine.models.bpe import builtin_tokenizer
-from miles_engine.models.source import ModelSource, cache_root, chat_template, model_type, resolve, resolve_directory
+from miles_engine.models.cache import cache_root, cached_tokenizer
+from miles_engine.models.source import ModelSource, chat_template, model_type, resolve, resolve_directory
 
 
 class TitoTokenizer:
@@ -128,32 +128,20 @@ def load_tokenizer(spec: Any) -> TitoTokenizer:
 def gguf_backend(path: Path) -> Any:
     """The ``tokenizers.Tokenizer`` built from the vocabulary and merges inside a GGUF file
     (transformers' converter), cached as ``tokenizer.json`` keyed by the file's size and mtime."""
-    from tokenizers import Tokenizer
-
     st = path.stat()
     key = hashlib.sha256(f"v1|{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
-    cached = cache_root() / "tokenizers" / f"gguf-{path.stem}-{key}.json"
-    if cached.is_file():
-        try:
-            return Tokenizer.from_file(str(cached))
-        except Exception:  # a corrupt cache entry is rebuilt
-            pass
-    try:
-        from transformers import AutoTokenizer
 
-        hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-    except Exception as exc:
-        raise ConfigError(f"cannot read the tokenizer embedded in {path}: {type(exc).__name__}: {exc} "
-                          f"(needs the 'gguf' package: pip install 'miles-engine[engine]')") from exc
-    backend = hf.backend_tokenizer
-    try:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".tmp{os.getpid()}")
-        backend.save(str(tmp))
-        os.replace(tmp, cached)
-    except OSError:
-        pass
-    return backend
+    def convert() -> Any:
+        try:
+            from transformers import AutoTokenizer
+
+            hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        except Exception as exc:
+            raise ConfigError(f"cannot read the tokenizer embedded in {path}: {type(exc).__name__}: {exc} "
+                              f"(needs the 'gguf' package: pip install 'miles-engine[engine]')") from exc
+        return hf.backend_tokenizer
+
+    return cached_tokenizer(cache_root() / "tokenizers" / f"gguf-{path.stem}-{key}.json", convert)
 
 
 _QWEN_TYPES = ("qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next")
