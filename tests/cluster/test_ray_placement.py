@@ -42,9 +42,12 @@ def test_an_address_where_no_cluster_answers_is_one_error(tmp_path: Path) -> Non
 
 def test_more_than_the_cluster_has_names_the_component_and_resource(tmp_path: Path) -> None:
     temp = Path(f"/tmp/mr-{os.getpid()}")
+    # unset reservations shrink to fit (test_unset_reservations_fit_the_cluster_they_find); a set one is kept
     msg = build_error(tmp_path, ["engines=[{kind: server, replicas: 3}]", "weights.transport=broadcast",
-                                 "placement.backend=ray", "placement.ray.num_cpus=2", f"placement.ray.temp_dir={temp}"])
+                                 "placement.backend=ray", "placement.ray.num_cpus=2", f"placement.ray.temp_dir={temp}",
+                                 "placement.ray.engine_resources={CPU: 1}"])
     assert "engines.0 (server, 3 replica(s)) asks for CPU: 1 x 3" in msg and "has 2 CPU" in msg, msg
+    assert "lower placement.ray.engine_resources" in msg, msg
     assert not (tmp_path / "run" / "engines" / "server-0").exists()  # no engine was started
     assert not ray.is_initialized()
     shutil.rmtree(temp, ignore_errors=True)
