@@ -10,6 +10,8 @@ from miles_engine.components import Section
 
 
 MAX_TEMP_DIR = 42
+AUTO_FIT = ("Unset: 1 CPU, or, when the run's actors would need more CPUs than the cluster has, an equal share of what "
+            "the set ones leave")
 
 
 class RayOptions(Section):
@@ -25,22 +27,22 @@ class RayOptions(Section):
     dashboard: bool = Field(False, description="start Ray's dashboard with the private cluster")
     engine_resources: dict[str, float] | None = Field(
         None, description="what one engine actor reserves (one placement-group bundle per engine); an engine group "
-        "on a cuda device adds GPU: 1; unset: 1 CPU, or, when the run's actors would need more CPUs than the cluster has, an equal share of what the explicitly sized components leave")
+        "on a cuda device adds GPU: 1. " + AUTO_FIT)
     trainer_resources: dict[str, float] | None = Field(
         None, description="what one trainer rank actor reserves (one bundle per rank); trainer.parallel.device=cuda "
-        "adds GPU: 1; unset: 1 CPU, or, when the run's actors would need more CPUs than the cluster has, an equal share of what the explicitly sized components leave")
+        "adds GPU: 1. " + AUTO_FIT)
     episode_runners: int = Field(
         2, ge=1, description="episode runner actors (each owns its sandbox backend and runs the task's agent); "
         "the scheduler hands each episode to the least busy one")
     runner_resources: dict[str, float] | None = Field(
         None, description="what one episode runner actor reserves (one bundle per runner, the bundles spread over "
-        "nodes); unset: 1 CPU, or, when the run's actors would need more CPUs than the cluster has, an equal share of what the explicitly sized components leave")
+        "nodes). " + AUTO_FIT)
     session_servers: int = Field(
         0, ge=0, description="TITO session servers as Ray actors (one bundle each, spread over nodes), each on its "
         "node's address with the driver's view of the engines; episodes use one on their runner's node. 0: the "
         "session server stays in the driver (enough on one node; set one per rollout node past that)")
     session_server_resources: dict[str, float] | None = Field(
-        None, description="what one session-server actor reserves; unset: 1 CPU, or, when the run's actors would need more CPUs than the cluster has, an equal share of what the explicitly sized components leave")
+        None, description="what one session-server actor reserves. " + AUTO_FIT)
     episode_retries: int = Field(
         1, ge=0, description="times an episode lost with a runner (or session server) that died is run again; "
         "past that it is a failed trajectory naming the runner")

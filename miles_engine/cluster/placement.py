@@ -126,8 +126,8 @@ class RayPlacement:
         out.append(Demand(f"the trainer (trainer.parallel.world_size={world} rank(s))", self.trainer_resources(), world,
                           "trainer_resources"))
         n = self.options.episode_runners
-        out.append(Demand(f"the episode runners (placement.ray.episode_runners={n})", self.resources["runner_resources"],
-                          n, "runner_resources"))
+        out.append(Demand(f"the episode runners (placement.ray.episode_runners={n})",
+                          self.resources["runner_resources"], n, "runner_resources"))
         if self.options.session_servers:
             n = self.options.session_servers
             out.append(Demand(f"the session servers (placement.ray.session_servers={n})",

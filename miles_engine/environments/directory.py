@@ -39,7 +39,8 @@ class DirectoryTaskSource:
 
     task_file: str = ""  # the file that makes a directory a task (and ``path`` itself a single task)
 
-    def __init__(self, path: str | Path, *, name: str, include: Sequence[str] = (), exclude: Sequence[str] = ()) -> None:
+    def __init__(self, path: str | Path, *, name: str, include: Sequence[str] = (),
+                 exclude: Sequence[str] = ()) -> None:
         self.path = Path(path).expanduser()
         self.name = name
         self.include = tuple(include)

@@ -75,7 +75,8 @@ def load_model(source: Any, *, dtype: str = "float32", device: str = "cpu", seed
         if src.kind == "tiny":
             model = _from_config(config_from(parse_tiny_spec(src.spec)), tdtype, seed, attn_implementation)
         elif src.kind == "gguf":
-            model = load_gguf_model(src.path, dtype=tdtype, attn_implementation=attn_implementation)  # type: ignore[arg-type]
+            assert src.path is not None
+            model = load_gguf_model(src.path, dtype=tdtype, attn_implementation=attn_implementation)
         elif src.kind == "hf":
             model = AutoModelForCausalLM.from_pretrained(
                 str(src.path), dtype=tdtype, local_files_only=True, attn_implementation=attn_implementation)

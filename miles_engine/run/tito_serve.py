@@ -87,7 +87,8 @@ async def build_engine(model: str | None, engine_url: str | None, tokenizer: Tit
         from miles_engine.engines.embedded import load_engine
     except ImportError as exc:
         raise ConfigError(f"the embedded engine is not available ({exc}); pip install 'miles-engine[engine]'") from exc
-    return await asyncio.to_thread(load_engine, fit_tiny_spec(model, tokenizer.vocab_size), dtype=dtype, threads=threads)
+    return await asyncio.to_thread(load_engine, fit_tiny_spec(model, tokenizer.vocab_size), dtype=dtype,
+                                   threads=threads)
 
 
 def default_tokenizer(model: str | None, tokenizer: str | None) -> str:

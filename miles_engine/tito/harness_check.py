@@ -83,7 +83,8 @@ async def check_harness(command: str, *, sessions: int = 2, preset: str = "custo
     from miles_engine.tito.harness import HarnessAgent, HarnessAgentOptions
     from miles_engine.tito.server import ServerThread, create_app
 
-    codec = make_codec(family, tokenizer or ("builtin:qwen3" if family == "qwen3" else f"builtin:bpe-{family}"), hub=hub)
+    spec = tokenizer or ("builtin:qwen3" if family == "qwen3" else f"builtin:bpe-{family}")
+    codec = make_codec(family, spec, hub=hub)
     engine = ScriptedEngine(codec.tokenizer, tool_then_answer(codec, tool_command), canonical=False)
     manager = SessionManager(engine, codec, SessionServerConfig())
     sandboxes = hub.create("sandbox", backend, backend_options or {}, where="check-harness sandbox options")

@@ -38,7 +38,8 @@ def error_of(path: Path, overrides: list[str] | None = None) -> str:
 
 
 def test_good_recipe_and_overrides(tmp_path):
-    cfg = load_recipe(write(tmp_path, GOOD), ["eval.jobs=8", "environment.options.num_tasks=7", "seed=3"], hub=default_hub())
+    cfg = load_recipe(write(tmp_path, GOOD), ["eval.jobs=8", "environment.options.num_tasks=7", "seed=3"],
+                      hub=default_hub())
     assert (cfg.eval.jobs, cfg.environment.options["num_tasks"], cfg.seed) == (8, 7, 3)
 
 

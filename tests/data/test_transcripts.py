@@ -33,7 +33,8 @@ def codec():
     rows = drill_rows(200)
     texts = [boot.render(normalize_messages(r["messages"]), normalize_tools(r["tools"]), add_generation_prompt=False)
              for r in rows]
-    return make_codec("chatml", policy_tokenizer("chatml", texts, TokenizerConfig(vocab_size=600, cache=False)), hub=default_hub())
+    tokenizer = policy_tokenizer("chatml", texts, TokenizerConfig(vocab_size=600, cache=False))
+    return make_codec("chatml", tokenizer, hub=default_hub())
 
 
 def assistant_spans(codec, messages, tools) -> list[tuple[int, int]]:

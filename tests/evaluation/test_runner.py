@@ -169,7 +169,8 @@ def test_eval_sampling_overrides_reach_the_recipe_agent() -> None:
     for options in (during, alone):
         assert (options.temperature, options.max_tokens, options.max_turns) == (0.0, 7, 3)  # max_turns: the agent's
         assert options.server_url == "http://127.0.0.1:9"
-    untouched = evaluator._agent_factory(SimpleNamespace(cfg=load_recipe("tiny-terminal", hub=default_hub()), hub=hub), "http://x")()
+    plain = SimpleNamespace(cfg=load_recipe("tiny-terminal", hub=default_hub()), hub=hub)
+    untouched = evaluator._agent_factory(plain, "http://x")()
     assert (untouched.options.temperature, untouched.options.max_tokens) == (1.0, 40)
 
 
@@ -191,6 +192,7 @@ def test_the_eval_engine_is_checked_when_the_recipe_loads(tmp_path: Path) -> Non
                       "    options:\n      max_batch_sise: 4\n")
     with pytest.raises(ConfigError, match=r"r.yaml:\d+: unknown key 'eval.engine.options.max_batch_sise'"):
         load_recipe(recipe, hub=default_hub())
-    assert load_recipe(recipe, ["eval.engine.options={max_batch_size: 4}"], hub=default_hub()).eval.engine.options == {"max_batch_size": 4}
+    sized = load_recipe(recipe, ["eval.engine.options={max_batch_size: 4}"], hub=default_hub())
+    assert sized.eval.engine.options == {"max_batch_size": 4}
     with pytest.raises(MilesError, match="unknown engine 'nosuch'; available: embedded, external, server, sglang"):
         load_recipe(recipe, ["eval.engine.kind=nosuch"], hub=default_hub())

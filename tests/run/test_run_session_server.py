@@ -28,7 +28,8 @@ def _free_port() -> int:
 def test_the_run_serves_sessions_to_a_harness_in_another_process(tmp_path: Path) -> None:
     port = _free_port()
     cfg = load_recipe("tiny-terminal", ["sft.enabled=false", "tokenizer.corpus_demos=200", "rollout.mode=sync",
-                                        "placement.trainer=in_process", f"session_server.port={port}"], hub=default_hub())
+                                        "placement.trainer=in_process", f"session_server.port={port}"],
+                      hub=default_hub())
     run_dir = tmp_path / "run"
 
     def harness(url: str) -> tuple[int, dict]:

@@ -180,8 +180,10 @@ def test_recipe_options():
     from miles_engine.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"unknown key 'weights.check_tolerance.rtl' \(did you mean 'rtol'\?\)"):
-        load_recipe("tiny-terminal", ["weights.check_update_equal=true", "weights.check_tolerance.rtl=0.01"], hub=default_hub())
-    cfg = load_recipe("tiny-terminal", ["weights.check_update_equal=true", "weights.check_tolerance.rtol=0.01"], hub=default_hub())
+        load_recipe("tiny-terminal", ["weights.check_update_equal=true", "weights.check_tolerance.rtl=0.01"],
+                    hub=default_hub())
+    cfg = load_recipe("tiny-terminal", ["weights.check_update_equal=true", "weights.check_tolerance.rtol=0.01"],
+                      hub=default_hub())
     assert cfg.weights.check == CheckOptions(tolerance=CheckTolerance(rtol=0.01))
 
 

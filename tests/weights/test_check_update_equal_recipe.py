@@ -43,7 +43,8 @@ async def _train(cfg, run_dir: Path, switch_intervals: list[float] | None = None
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("transport", ["colocated", "disk_delta"])
 def test_recipe_runs_with_every_push_checked(tmp_path: Path, transport: str) -> None:
-    cfg = load_recipe("tiny-terminal", [*SHORT, f"weights.transport={transport}", f"run.out_dir={tmp_path}"], hub=default_hub())
+    cfg = load_recipe("tiny-terminal", [*SHORT, f"weights.transport={transport}", f"run.out_dir={tmp_path}"],
+                      hub=default_hub())
     assert cfg.weights.check is not None and cfg.weights.check.tolerance is None
     run_dir = tmp_path / "run"
     run_dir.mkdir()
