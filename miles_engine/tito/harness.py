@@ -57,11 +57,6 @@ def default_harness_dir() -> str:
     return os.path.expanduser("~/.cache/miles-engine/harnesses")
 
 
-def harness_bin(name: str, harness_dir: str | None = None) -> str | None:
-    """The installed CLI ``name`` (``claude``, ``codex``), or None."""
-    path = os.path.join(harness_dir or default_harness_dir(), "node_modules", ".bin", name)
-    return path if os.access(path, os.X_OK) else None
-
 SANDBOX_HARNESS_DIR = "/miles/harnesses"  # where the local backend's ro_binds puts the cache
 
 PRESETS = {

@@ -107,14 +107,6 @@ def token_logprobs(logits: Tensor, token_ids: Tensor, temperature: float = 1.0) 
     return torch.nn.functional.pad(logp, (1, 0))
 
 
-def shifted_entropy(logits: Tensor, temperature: float = 1.0) -> Tensor:
-    """Entropy of the distribution each token was drawn from, aligned like :func:`token_logprobs`."""
-    shifted = logits[:, :-1]
-    if temperature != 1.0:
-        shifted = shifted.float() / temperature
-    return torch.nn.functional.pad(entropy_from_logits(shifted), (1, 0))
-
-
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor,
                clip: float | None = None) -> tuple[Tensor, Tensor]:
     """``0.5 * max((V - R)^2, (clip(V, V_old +- clip) - R)^2)`` per token, and the clipped-branch mask."""

@@ -5,9 +5,11 @@ answers)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from miles_engine.tito.harness import default_harness_dir, harness_bin
+from miles_engine.tito.harness import default_harness_dir
 
 _AGENT_LOOP = r"""tool = {"type": "function", "function": {"name": "bash", "parameters": {"type": "object",
         "properties": {"command": {"type": "string"}}}}}
@@ -26,6 +28,12 @@ for _ in range(4):
 print(msgs[-1]["content"])
 """
 
+
+
+def harness_bin(name: str, harness_dir: str | None = None) -> str | None:
+    """The installed CLI ``name`` (``claude``, ``codex``), or None."""
+    path = os.path.join(harness_dir or default_harness_dir(), "node_modules", ".bin", name)
+    return path if os.access(path, os.X_OK) else None
 
 def custom_harness(probe: str) -> str:
     """The harness command: ``probe`` (Python run first, with ``json os socket subprocess
