@@ -29,11 +29,11 @@ print(msgs[-1]["content"])
 """
 
 
-
 def harness_bin(name: str, harness_dir: str | None = None) -> str | None:
     """The installed CLI ``name`` (``claude``, ``codex``), or None."""
     path = os.path.join(harness_dir or default_harness_dir(), "node_modules", ".bin", name)
     return path if os.access(path, os.X_OK) else None
+
 
 def custom_harness(probe: str) -> str:
     """The harness command: ``probe`` (Python run first, with ``json os socket subprocess
