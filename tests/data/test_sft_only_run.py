@@ -54,7 +54,8 @@ def run(path: str, run_dir, *, resume: bool = False, stop_after: int | None = No
 
             backend.sft_step = stepping
 
-    asyncio.run(run_recipe(load_recipe(path), run_dir, resume=resume, on_start=started, hub=default_hub()))
+    asyncio.run(run_recipe(load_recipe(path, hub=default_hub()), run_dir, resume=resume, on_start=started,
+                           hub=default_hub()))
 
 
 def sft_rows(run_dir) -> list[dict]:
