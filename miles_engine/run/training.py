@@ -13,7 +13,8 @@ from miles_engine.evaluation.splits import resume_split_change
 from miles_engine.rollout.types import Group
 from miles_engine.run.compose import Components
 from miles_engine.run.step_metrics import EngineStepMetrics, group_metrics, sandbox_step_metrics
-from miles_engine.sft.warm_start import SFTInputs, run_sft
+from miles_engine.sft.config import SFTInputs
+from miles_engine.sft.warm_start import run_sft
 
 _UNPREFIXED = ("opd/", "tis/")  # trainer metrics the report reads under their own names
 
@@ -154,9 +155,7 @@ class TrainingRun:
         metrics.update(self.last_push.metrics())
         metrics.update(self.engine_metrics.metrics())
         metrics.update(sandbox_step_metrics(p.sandboxes))
-        fleet_metrics = getattr(p.engines, "metrics", None)
-        if callable(fleet_metrics):
-            metrics.update(fleet_metrics())
+        metrics.update(p.engines.metrics())
         if p.placement is not None:  # placement.backend=ray: actors, placement groups, actor restarts
             metrics.update(p.placement.metrics())
         metrics.update({f"time/{k}": v for k, v in self.timers.items()})
