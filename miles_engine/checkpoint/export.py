@@ -69,8 +69,8 @@ def read_policy(path: Path, *, base: Any = None, label: str = "checkpoint") -> P
         tensors = {k.removeprefix(POLICY_PREFIX): v for k, v in model.items() if k.startswith(POLICY_PREFIX)}
         if not tensors:
             raise ConfigError(f"{label} {path}: trainer.pt holds no '{POLICY_PREFIX}*' policy tensors")
-    return PolicyWeights(path, loaded.step, int(manifest["weight_version"]), tensors,
-                         manifest.get("tokenizer_sha256"))
+    version = manifest.get("weight_version", state["weight_version"])  # the trainer state's when the manifest has none
+    return PolicyWeights(path, loaded.step, int(version), tensors, manifest.get("tokenizer_sha256"))
 
 
 def merge_adapters(base: dict[str, Any], adapters: dict[str, Any], scaling: float) -> dict[str, Any]:
