@@ -14,6 +14,11 @@ import pytest
 
 # reason text (a substring of the skip reason) -> why that skip is expected on CI's CPU box
 ALLOWED_SKIPS: dict[str, str] = {
+    # the sandbox contract suite (miles_engine.testing.sandbox) checks every capability a backend may
+    # claim; the local backend does not claim these, so its runs of those checks do not apply
+    "labels_of() not provided for this backend": "the local backend keeps no labels (remote backends do)",
+    "backend creates no remote resources (no sweep)": "the local backend leaves nothing remote to sweep",
+    "backend does not claim network 'none'": "the local backend's process tier has no network namespace",
 }
 
 EXEMPT_MARKERS = ("gpu", "cloud")

@@ -24,6 +24,7 @@ from pydantic import Field, model_validator
 from miles_engine.components import Section
 from miles_engine.engines.protocol import GenerateRequest, SamplingParams
 from miles_engine.environments.protocol import EpisodeContext, RewardResult
+from miles_engine.errors import ConfigError
 from miles_engine.rewards.protocol import describe_error
 from miles_reward_llm_judge.verdict import VerdictError, parse_verdict
 
@@ -108,8 +109,11 @@ def grading_fields(episode: EpisodeContext, reference_key: str) -> dict[str, str
 class LLMJudge:
     deterministic = False  # a model's verdict; greedy decoding makes it repeatable on one engine, not promised
 
-    def __init__(self, options: JudgeOptions, *, engine: Any = None, codec: Any = None) -> None:
+    def __init__(self, options: JudgeOptions, *, hub: Any = None, engine: Any = None, codec: Any = None) -> None:
+        """``hub``: the one that built this reward (it builds the judge's chat family); ``codec``
+        instead: a ready one."""
         self.options = options
+        self._hub = hub
         self._engine, self._codec = engine, codec
         self._owns_engine = engine is None
         self._lock = asyncio.Lock()
@@ -123,8 +127,12 @@ class LLMJudge:
             if self._codec is None:
                 from miles_engine.tito import make_codec
 
+                if self._hub is None:
+                    raise ConfigError("the llm-judge reward builds its chat family through the hub that built it: "
+                                      "create it with hub.create('reward', 'llm-judge', ...) (or pass codec=)")
                 tok = self.options.tokenizer or self.options.model
-                self._codec = await asyncio.to_thread(make_codec, self.options.chat_family, tok)
+                self._codec = await asyncio.to_thread(
+                    lambda: make_codec(self.options.chat_family, tok, hub=self._hub))
             if self._engine is None:
                 self._engine = await self._start_engine()
         return self._engine, self._codec

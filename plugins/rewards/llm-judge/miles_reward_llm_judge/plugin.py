@@ -10,5 +10,5 @@ from miles_reward_llm_judge.judge import JudgeOptions, LLMJudge
 
 @hookimpl
 def miles_register_rewards() -> list[Component]:
-    return [Component("llm-judge", LLMJudge, options=JudgeOptions,
+    return [Component("llm-judge", LLMJudge, options=JudgeOptions, takes_hub=True,
                       description="asks a model (embedded engine or SGLang-compatible server) for a 0..scale score")]

@@ -9,7 +9,7 @@ from judge_testkit import TOKENIZER, ScriptedJudgeModel, codec, grade_paris, htt
 
 from miles_engine.environments.protocol import EpisodeContext
 from miles_engine.errors import ConfigError
-from miles_engine.hub import Hub
+from miles_engine.hub import Hub, default_hub
 from miles_engine.testing.reward import RewardContract, SampleEpisode, SampleTask
 from miles_reward_llm_judge import JudgeOptions, LLMJudge
 
@@ -48,7 +48,7 @@ def test_http_judge_scores_through_the_sglang_wire():
 def test_garbage_verdict_fails_the_reward(reply, needle):
     async def go():
         async with http_judge(ScriptedJudgeModel(reply)) as url:
-            judge = LLMJudge(JudgeOptions(engine_url=url, tokenizer=TOKENIZER))
+            judge = LLMJudge(JudgeOptions(engine_url=url, tokenizer=TOKENIZER), hub=default_hub())
             try:
                 return await judge.score(episode("Paris")), url
             finally:
@@ -64,7 +64,8 @@ def test_unreachable_server_fails_naming_the_url():
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    judge = LLMJudge(JudgeOptions(engine_url=f"http://127.0.0.1:{port}", tokenizer=TOKENIZER, timeout_s=20))
+    judge = LLMJudge(JudgeOptions(engine_url=f"http://127.0.0.1:{port}", tokenizer=TOKENIZER, timeout_s=20),
+                     hub=default_hub())
     result = run(judge.score(episode("Paris")))
     run(judge.aclose())
     assert result.reward is None and f"http://127.0.0.1:{port}" in result.error and "did not answer" in result.error
