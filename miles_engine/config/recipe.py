@@ -17,6 +17,7 @@ from miles_engine.evaluation.config import EvalConfig  # the `eval` section (mil
 from miles_engine.metrics import MetricsConfig
 from miles_engine.models.policy_tokenizer import TokenizerConfig
 from miles_engine.models.tiny import TinyModelConfig
+from miles_engine.precision.config import PrecisionConfig, stage_only_overrides
 from miles_engine.rewards.config import RewardConfig
 from miles_engine.rollout.buffer import BufferOptions
 from miles_engine.rollout.config import RolloutConfig
@@ -78,6 +79,8 @@ class RecipeConfig(Section):
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     opd: OPDRunConfig | None = Field(None, description="on-policy distillation teachers (with trainer.opd)")
+    precision: PrecisionConfig = Field(default_factory=PrecisionConfig, description="the low-precision contract "
+                                       "every stage touching the weights obeys (miles_engine.precision)")
 
     @model_validator(mode="before")
     @classmethod
@@ -97,6 +100,32 @@ class RecipeConfig(Section):
                                  "each sampled token to, but session_server.record_routed_experts=false records none; "
                                  "drop that override (routing replay turns it on)")
             self.session_server.record_routed_experts = True
+        return self
+
+    @model_validator(mode="after")
+    def _one_precision_contract(self) -> RecipeConfig:
+        # the trainer's and the engines' formats come from precision alone: a stage set on its own breaks the contract
+        p, t = self.precision, self.trainer
+        derived = {"weight_format": p.train, "weight_exceptions": list(p.exceptions)}
+        overrides = [f"trainer.{k}" for k, v in derived.items() if k in t.model_fields_set and getattr(t, k) != v]
+        overrides += stage_only_overrides(self.engines)
+        if overrides:
+            raise ValueError(f"{', '.join(overrides)} would set one stage's precision alone; the precision section "
+                             f"sets every stage at once (precision.train, precision.rollout, precision.kv_cache, "
+                             f"precision.exceptions)")
+        if p.quantised:
+            for i, g in enumerate(self.engines):
+                if g.kind not in ("embedded", "server"):
+                    raise ValueError(f"precision.rollout={p.rollout!r}: engines.{i} is kind {g.kind!r}, which does "
+                                     f"not receive the precision contract yet; kinds that do: embedded, server")
+        if p.kv_cache != "full":
+            raise ValueError(f"precision.kv_cache={p.kv_cache!r}: the engines' quantised KV cache is not built "
+                             f"yet; allowed now: full")
+        if t.true_on_policy and p.train != p.rollout:
+            raise ValueError(f"trainer.true_on_policy=true needs the trainer and the engines to compute with the same "
+                             f"weights: precision.train={p.train!r} differs from precision.rollout={p.rollout!r}")
+        self.trainer = t.model_copy(update=derived)
+        self.trainer._quantisation_aware()  # the trainer's own rules, on the derived format
         return self
 
     @model_validator(mode="after")

@@ -229,7 +229,8 @@ async def _start_placement(cfg: RecipeConfig, kinds: list[EngineKind], run_dir: 
 async def _start_engines(cfg: RecipeConfig, kinds: list[EngineKind], run_dir: Path, policy: Any,
                          trainer: TrainerAccess, placement: RayPlacement | None, stack: AsyncExitStack) -> Router:
     ctx = FleetContext(model=policy, state_dir=run_dir / "engines", seed=cfg.seed, restore=trainer.last_pushed,
-                       true_on_policy=cfg.trainer.true_on_policy, launcher=placement)
+                       true_on_policy=cfg.trainer.true_on_policy, launcher=placement,
+                       weight_format=cfg.precision.rollout, weight_exceptions=tuple(cfg.precision.exceptions))
     return await start_fleet(cfg.engines, kinds, ctx, stack, cfg.fleet)
 
 

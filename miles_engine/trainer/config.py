@@ -13,8 +13,15 @@ from pydantic import Field, ValidationError, model_validator
 
 from miles_engine.components import Section
 from miles_engine.errors import ConfigError, format_validation_error
+from miles_engine.precision.config import StageFormat
 from miles_engine.trainer.lora import LoraOptions
 from miles_engine.trainer.megatron.config import MegatronConfig
+
+def getattr_path(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
+
 
 Estimator = Literal["grpo", "gspo", "ppo", "reinforce_pp"]
 Aggregation = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
@@ -207,6 +214,30 @@ class TrainerConfig(Section):
         "the same as the rollout engine's with its true_on_policy (a recipe turns the engine's on from this "
         "key): before the first update the trainer's log-prob of every token generated under its current "
         "weights equals the engine's exactly (tis/numerics_max_abs_diff = 0). Float32 only; slower")
+
+    weight_format: StageFormat = Field(
+        "full", description="quantisation-aware training: every nn.Linear weight but the output head computes "
+        "with its values in this format, gradients straight through to the full-precision weight (a recipe "
+        "derives it from precision.train)")
+    weight_exceptions: list[str] = Field(default_factory=list, description="weight names (fnmatch) kept in high "
+                                         "precision (a recipe derives it from precision.exceptions)")
+
+    @model_validator(mode="after")
+    def _quantisation_aware(self) -> TrainerConfig:
+        if self.weight_format == "full":
+            return self
+        for key, ok, why in (("backend", self.backend == "torch", "the Megatron trainer has no fake-quantised "
+                              "forward yet"),
+                             ("lora.enabled", not self.lora.enabled, "the engine would quantise the merged W + BA, "
+                              "the trainer W alone"),
+                             ("true_on_policy", not self.true_on_policy, "batch-invariant kernels replace the "
+                              "linear layers the fake quantisation wraps"),
+                             ("parallel.world_size", self.parallel.world_size == 1, "sharded (FSDP) quantisation-"
+                              "aware training is not built yet")):
+            if not ok:
+                raise ValueError(f"weight_format={self.weight_format!r} (precision.train) does not work with "
+                                 f"trainer.{key}={getattr_path(self, key)!r}: {why}")
+        return self
 
     @model_validator(mode="after")
     def _cross(self) -> TrainerConfig:

@@ -24,6 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from miles_engine.errors import ConfigError
+from miles_engine.precision import qat
+from miles_engine.precision.quantizer import QuantizeError
 from miles_engine.trainer import lora
 from miles_engine.rollout.types import Group
 from miles_engine.trainer import prefix, rl_step
@@ -55,6 +57,11 @@ class TorchTrainer:
         self.policy = build_causal_lm(model, self.device, cfg.seed)
         if cfg.lora.enabled:  # adapters only train; engines get the merged weights of adapted modules
             lora.apply(self.policy, cfg.lora)
+        if cfg.weight_format != "full":
+            try:
+                qat.apply(self.policy, cfg.weight_format, cfg.weight_exceptions)
+            except QuantizeError as exc:
+                raise ConfigError(f"trainer.weight_format={cfg.weight_format}: {exc}") from None
         if cfg.true_on_policy:
             from miles_engine import batch_invariant
 

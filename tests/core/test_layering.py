@@ -30,7 +30,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("agents", "rewards", "weights"),
     ("engines", "environments"),
     ("hub",),
-    ("models", "sandbox", "hookspecs", "loader", "recipes_plugin"),
+    ("models", "precision", "sandbox", "hookspecs", "loader", "recipes_plugin"),
     ("batch_invariant", "fastapi_app", "components", "errors", PACKAGE),  # PACKAGE: miles_engine/__init__.py
 )
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Literal
 
+from miles_engine.precision.config import StageFormat
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -38,3 +40,9 @@ class EmbeddedEngineOptions(BaseModel):
         False, description="batch-invariant arithmetic (miles_engine.batch_invariant): every token's log-prob "
         "is bit-identical to the trainer's with trainer.true_on_policy, whatever the batch, padding or cache; "
         "slower. Float32 only. A recipe derives it from trainer.true_on_policy")
+    weight_format: StageFormat = Field(
+        "full", description="hold and compute with the values of this quantised format (the rollout stage of "
+        "the precision contract; a recipe derives it from precision.rollout): every nn.Linear weight but the "
+        "output head, at load and at every update")
+    weight_exceptions: tuple[str, ...] = Field((), description="weight names (fnmatch) kept in high precision "
+                                               "(precision.exceptions)")

@@ -31,6 +31,9 @@ class FleetContext:
     restore: Restore | None = None
     env: Mapping[str, str] | None = None
     true_on_policy: bool = False  # batch-invariant arithmetic, identical to the trainer's (trainer.true_on_policy)
+    # the rollout stage of the precision contract: the format the engines hold and its exceptions
+    weight_format: str = "full"
+    weight_exceptions: tuple[str, ...] = ()
     # where a placeable kind's engine processes run (None: subprocesses of the driver; see EngineLauncher)
     launcher: EngineLauncher | None = None
     _model_dir: Path | None = field(default=None, repr=False)
