@@ -67,6 +67,7 @@ class TensorMeta:
     name: str
     dtype: str
     shape: tuple[int, ...]
+    format: str | None = None  # the quantised format the engine holds it in (miles_engine.precision), if any
 
 
 @runtime_checkable

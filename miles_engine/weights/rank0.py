@@ -157,16 +157,13 @@ class Rank0WeightSync:
     def digests(self, version: int, dtypes: Mapping[str, str]) -> dict[str, str]:
         """Per-tensor digests of the export as the engines must hold it (floating point cast to
         the engine's dtype in ``dtypes``): what check_update_equal compares with the engines'."""
-        import torch
-
-        from miles_engine.weights.check.compare import as_engine_dtype
+        from miles_engine.weights.check.compare import as_held
         from miles_engine.weights.tensors import digest
 
         key = (version, tuple(sorted(dtypes.items())))
         if key not in self._digests:
             export = self.stash.get(version)
-            self._digests = {key: {n: digest(as_engine_dtype(t, getattr(torch, dtypes[n]) if n in dtypes else t.dtype))
-                                   for n, t in export.items()}}
+            self._digests = {key: {n: digest(as_held(t, dtypes[n], n) if n in dtypes else t) for n, t in export.items()}}
         return self._digests[key]
 
     def fetch(self, version: int, names: Sequence[str] | None = None) -> bytes:

@@ -103,7 +103,7 @@ class EmbeddedEngine:
         self._tensors = W.model_tensors(model)
         self._quantized = self._quantized_names(model)
         W.apply(self._snap({n: self._tensors[n] for n in self._quantized}), self._tensors)
-        self._meta = W.metadata(self._tensors)
+        self._meta = W.metadata(self._tensors, {n: self.options.weight_format for n in self._quantized})
         self._seeds = itertools.count()
         self._closed = False
         self._sched = Scheduler(

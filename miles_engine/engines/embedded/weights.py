@@ -34,8 +34,9 @@ def model_tensors(model: Any) -> dict[str, torch.Tensor]:
     return dict(model.state_dict(keep_vars=False))
 
 
-def metadata(tensors: Mapping[str, torch.Tensor]) -> list[TensorMeta]:
-    return [TensorMeta(name, dtype_name(t.dtype), tuple(t.shape)) for name, t in tensors.items()]
+def metadata(tensors: Mapping[str, torch.Tensor], formats: Mapping[str, str] | None = None) -> list[TensorMeta]:
+    formats = formats or {}
+    return [TensorMeta(name, dtype_name(t.dtype), tuple(t.shape), formats.get(name)) for name, t in tensors.items()]
 
 
 def check(incoming: Mapping[str, tuple[torch.dtype, tuple[int, ...]]],

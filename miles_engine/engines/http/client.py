@@ -118,7 +118,8 @@ class HttpEngine:
         if self.is_miles_server:
             resp = await self._call("GET", "/miles/weight_metadata")
             self._raise_for(resp, "weight_metadata")
-            self._metadata = [TensorMeta(m["name"], m["dtype"], tuple(m["shape"])) for m in resp.json()]
+            self._metadata = [TensorMeta(m["name"], m["dtype"], tuple(m["shape"]), m.get("format"))
+                              for m in resp.json()]
         return self
 
     @property

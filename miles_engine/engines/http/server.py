@@ -213,7 +213,8 @@ def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_en
 
     @app.get("/miles/weight_metadata")
     async def weight_metadata() -> list[dict[str, Any]]:
-        return [{"name": m.name, "dtype": m.dtype, "shape": list(m.shape)} for m in engine.weight_metadata()]
+        return [{"name": m.name, "dtype": m.dtype, "shape": list(m.shape), **({"format": m.format} if m.format else {})}
+                for m in engine.weight_metadata()]
 
     async def _update(weights: Any, body: dict[str, Any]) -> JSONResponse:
         raw_version = body.get("weight_version")

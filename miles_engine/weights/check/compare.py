@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from miles_engine.engines.protocol import TensorMeta
+from miles_engine.precision.quantizer import dequantize, quantize
 from miles_engine.weights.check.options import CheckTolerance
 from miles_engine.weights.tensors import digest
 
@@ -30,6 +32,23 @@ def as_engine_dtype(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if t.dtype != dtype and t.dtype.is_floating_point and dtype.is_floating_point:
         t = t.to(dtype)
     return t
+
+
+def held_form(meta: TensorMeta) -> str:
+    """How an engine holds a tensor: its dtype, ``+format`` when quantised (e.g. ``float32+fp8``)."""
+    return f"{meta.dtype}+{meta.format}" if meta.format else meta.dtype
+
+
+def form_dtype(form: str) -> torch.dtype:
+    return getattr(torch, form.partition("+")[0])
+
+
+def as_held(t: torch.Tensor, form: str, name: str) -> torch.Tensor:
+    """The trainer's tensor as the engine holds it after a push: cast to the engine's dtype, then
+    (a quantised engine) the quantizer's values of that (the engine does the same on receipt)."""
+    dtype, _, fmt = form.partition("+")
+    t = as_engine_dtype(t, getattr(torch, dtype))
+    return dequantize(quantize(t, fmt, name), t.dtype) if fmt else t
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

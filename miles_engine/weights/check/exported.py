@@ -41,13 +41,10 @@ class LocalExport:
 
 
 def _digests(named: Mapping[str, Any], dtypes: Mapping[str, str]) -> dict[str, str]:
-    import torch
-
-    from miles_engine.weights.check.compare import as_engine_dtype
+    from miles_engine.weights.check.compare import as_held
     from miles_engine.weights.tensors import digest
 
-    return {n: digest(as_engine_dtype(t, getattr(torch, dtypes[n]) if n in dtypes else t.dtype))
-            for n, t in named.items()}
+    return {n: digest(as_held(t, dtypes[n], n) if n in dtypes else t) for n, t in named.items()}
 
 
 def as_export(named: Any) -> Any:
@@ -58,12 +55,15 @@ def as_export(named: Any) -> Any:
 
 
 def engine_dtypes(specs: Sequence[tuple[str, str, Any, int]], meta: Mapping[str, Any]) -> dict[str, str]:
-    """Each exported tensor's dtype as the engine holds it: floating point cast to the engine's."""
+    """Each exported tensor's form as the engine holds it: floating point cast to the engine's
+    dtype, and ``+format`` where the engine holds the quantizer's values (``float32+fp8``)."""
     import torch
+
+    from miles_engine.weights.check.compare import held_form
 
     out = {}
     for name, dtype, _, _ in specs:
         m = meta.get(name)
         mine, theirs = getattr(torch, dtype), getattr(torch, m.dtype) if m is not None else None
-        out[name] = m.dtype if theirs is not None and mine.is_floating_point and theirs.is_floating_point else dtype
+        out[name] = held_form(m) if theirs is not None and mine.is_floating_point and theirs.is_floating_point else dtype
     return out

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from miles_engine.engines.protocol import engine_version
-from miles_engine.weights.check.compare import Mismatch, as_engine_dtype, compare, random_fill_as
+from miles_engine.weights.check.compare import Mismatch, as_held, compare, form_dtype, held_form, random_fill_as
 from miles_engine.weights.check.errors import WeightCheckError
 from miles_engine.weights.check.exported import as_export, engine_dtypes
 from miles_engine.weights.check.options import CheckOptions
@@ -69,12 +69,10 @@ class CheckedTransport:
 
     # ------------------------------------------------------------------ fill
     def _exact(self, named: Mapping[str, torch.Tensor], meta: Mapping[str, TensorMeta]) -> dict[str, torch.Tensor]:
-        import torch
-
         out = {}
         for n, t in named.items():
             m = meta.get(n)
-            out[n] = as_engine_dtype(t, getattr(torch, m.dtype) if m is not None else t.dtype)
+            out[n] = as_held(t, held_form(m), n) if m is not None else t.detach().to("cpu")
         return out
 
     async def _fill(self, engine: Any, export: Any) -> None:
@@ -92,8 +90,8 @@ class CheckedTransport:
         for name, _, shape, _ in export.specs:
             if name not in meta and meta:
                 continue  # the transport itself refuses an unknown name, naming it
-            fill = await asyncio.to_thread(random_fill_as, getattr(torch, dtypes[name]), shape, gen, avoid[name])
-            fills[name] = await asyncio.to_thread(digest, fill)
+            fill = await asyncio.to_thread(random_fill_as, form_dtype(dtypes[name]), shape, gen, avoid[name])
+            fills[name] = await asyncio.to_thread(lambda: digest(as_held(fill, dtypes[name], name)))  # as held
             chunk[name] = fill
             size += fill.numel() * fill.element_size()
             if size >= self.options.fill_chunk_bytes:

@@ -1,0 +1,82 @@
+"""weights.check_update_equal learns the formats: an engine that holds the quantizer's values
+publishes each tensor's format, and the check compares against the trainer's tensor as that
+engine must hold it -- in-process and across HTTP (a server engine over the broadcast transport)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from miles_engine.engines.embedded.engine import EmbeddedEngine
+from miles_engine.engines.http.client import HttpEngine
+from miles_engine.engines.launch import ServerProcess
+from miles_engine.precision.quantizer import dequantize, quantize
+from miles_engine.weights import create_transport
+from miles_engine.weights.check import CheckOptions, WeightCheckError
+from miles_engine.weights.check.transport import CheckedTransport
+from tests.rollout.helpers import run
+from tests.weights.check_helpers import Alter
+from tests.weights.helpers import TINY_QWEN3, trainer_model
+
+REPO = Path(__file__).resolve().parents[2]
+TARGET = "model.layers.0.mlp.up_proj.weight"
+
+
+def test_colocated_check_passes_on_a_quantised_engine_and_names_a_lossy_load():
+    trainer = trainer_model(seed=3)
+    engine = EmbeddedEngine.from_model(dict(TINY_QWEN3), num_threads=1, max_context=128, weight_format="mxfp8")
+    meta = {m.name: m for m in engine.weight_metadata()}
+    assert meta[TARGET].format == "mxfp8" and meta["model.embed_tokens.weight"].format is None
+
+    def double_one(name: str, t: torch.Tensor) -> torch.Tensor:
+        if name != TARGET:
+            return t
+        t = t.clone()
+        t.view(-1)[0] *= 4  # moves its block's scale: a different quantised tensor
+        return t
+
+    async def main():
+        ok = create_transport("colocated", engine, check=CheckOptions())
+        stats = await ok.push(trainer.named_parameters(), version=1)
+        assert stats.tensors_checked == len(dict(trainer.named_parameters()))
+        held = engine.model.state_dict()[TARGET]
+        assert torch.equal(held, dequantize(quantize(trainer.state_dict()[TARGET], "mxfp8")))
+        assert not torch.equal(held, trainer.state_dict()[TARGET])  # it is quantised, and the check knew
+        lossy = CheckedTransport(Alter(create_transport("colocated", engine), double_one), engine, CheckOptions())
+        with pytest.raises(WeightCheckError, match=f"'{TARGET}' differs"):
+            await lossy.push(trainer.named_parameters(), version=2)
+        await engine.aclose()
+    run(main(), 60)
+
+
+@pytest.mark.timeout(150)
+def test_a_server_engine_publishes_its_format_and_the_broadcast_check_passes(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN3))
+    argv = [sys.executable, "-m", "miles_engine.run.engine_server", "--model", str(tmp_path / "config.json"),
+            "--port", "0", "--port-file", str(tmp_path / "port"), "--threads", "1", "--dtype", "float32",
+            "--engine-options", json.dumps({"weight_format": "nvfp4", "weight_exceptions": ["*.down_proj.*"]})]
+    proc = ServerProcess(argv, port_file=tmp_path / "port", cwd=REPO, name="engine",
+                         env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
+    trainer = trainer_model(seed=5)
+
+    async def main():
+        await proc.start(75)
+        try:
+            engine = await HttpEngine(proc.url, name="engine-proc").connect()
+            meta = {m.name: m for m in engine.weight_metadata()}
+            assert meta[TARGET].format == "nvfp4"
+            assert meta["model.layers.0.mlp.down_proj.weight"].format is None  # an exception
+            transport = CheckedTransport(create_transport("broadcast", engine, bucket_bytes=16 << 10, backend="gloo",
+                                                          timeout_s=30, group_name="check-nvfp4"),
+                                         engine, CheckOptions())
+            stats = await transport.push(trainer.named_parameters(), version=1)
+            assert stats.tensors_checked == len(dict(trainer.named_parameters()))
+            await transport.close()
+        finally:
+            await proc.stop(grace_s=10)
+    run(main(), 140)
