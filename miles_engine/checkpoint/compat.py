@@ -40,6 +40,9 @@ MAY_CHANGE: dict[str, str] = {
                        "the megatron backend reads (refused with one error at restore)",
     "trainer.megatron": "the same: megatron to megatron, the world size may change too (see check)",
     "trainer.true_on_policy": "the same model and updates, only the forward's rounding differs (engines follow it)",
+    "precision": "the trainer's master weights and optimizer state are full precision in every format: a new "
+                 "contract quantises from them at the next push (a resume without an override keeps the format: "
+                 "it loads the run's config.yaml)",
     "rollout.mode": "groups restored from the checkpoint are trained first in either mode",
     "rollout.max_inflight": _CONCURRENCY,
     "rollout.poll_s": _CONCURRENCY,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_serializer, model_validator
 
 from miles_engine.cluster.config import PlacementConfig
 from miles_engine.components import Section
@@ -29,6 +29,9 @@ from miles_engine.weights.config import WeightsConfig
 
 if TYPE_CHECKING:
     from miles_engine.hub import Hub
+
+
+DERIVED_TRAINER_KEYS = ("weight_format", "weight_exceptions")  # from the precision section
 
 
 class RunConfig(Section):
@@ -102,11 +105,21 @@ class RecipeConfig(Section):
             self.session_server.record_routed_experts = True
         return self
 
+    @model_serializer(mode="wrap")
+    def _without_derived_keys(self, handler: Any) -> Any:
+        # keys the recipe derives from another section are not part of it: a run's config.yaml, loaded again
+        # with a precision override, must not carry the old derived value as if a user had set it
+        data = handler(self)
+        if isinstance(data, dict) and isinstance(data.get("trainer"), dict):
+            for key in DERIVED_TRAINER_KEYS:
+                data["trainer"].pop(key, None)
+        return data
+
     @model_validator(mode="after")
     def _one_precision_contract(self) -> RecipeConfig:
         # the trainer's and the engines' formats come from precision alone: a stage set on its own breaks the contract
         p, t = self.precision, self.trainer
-        derived = {"weight_format": p.train, "weight_exceptions": list(p.exceptions)}
+        derived = dict(zip(DERIVED_TRAINER_KEYS, (p.train, list(p.exceptions))))
         overrides = [f"trainer.{k}" for k, v in derived.items() if k in t.model_fields_set and getattr(t, k) != v]
         overrides += stage_only_overrides(self.engines)
         if overrides:

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from miles_engine.precision.parts import split_name
 from miles_engine.weights.protocol import PushStats, WeightPushError, engine_name, engines_of, verify_versions, TransportBase
 
 if TYPE_CHECKING:
@@ -41,7 +42,8 @@ class ColocatedTransport(TransportBase):
             raise WeightPushError(f"push of version {version} carries no tensors")
         stats = PushStats(version=version, tensors=len(named), buckets=1, engines=len(engines),
                           bytes=sum(t.numel() * t.element_size() for t in named.values()))
-        stats.missing = len({m.name for m in meta} - named.keys())
+        pushed = {split[0] if (split := split_name(n)) else n for n in named}  # a quantised weight travels as parts
+        stats.missing = len({m.name for m in meta} - pushed)
         if stats.missing and not self._warned_missing:
             self._warned_missing = True
             log.warning("colocated push: %d engine tensors are not pushed (fine for tied weights)", stats.missing)

@@ -11,6 +11,7 @@ import torch
 
 from miles_engine.engines.protocol import TensorMeta
 from miles_engine.errors import did_you_mean
+from miles_engine.precision.parts import part_specs, split_name, to_parts
 from miles_engine.weights.protocol import WeightPushError
 
 ALIGN = 64  # byte alignment of every tensor inside a flat bucket (views need aligned offsets)
@@ -38,7 +39,9 @@ def nbytes(dtype: torch.dtype, shape: Sequence[int]) -> int:
 
 def conform(named: Iterable[tuple[str, torch.Tensor]], metadata: Sequence[TensorMeta],
             where: str) -> Iterable[tuple[str, torch.Tensor]]:
-    """Yield ``(name, tensor)`` detached, cast to the engine's dtype where both are floating point;
+    """Yield ``(name, tensor)`` detached, cast to the engine's dtype where both are floating point,
+    and, for a tensor the engine holds in a quantised format, its codes and scales instead (the
+    online export quantises here, once, on the trainer's side: :mod:`miles_engine.precision.parts`);
     raise :class:`WeightPushError` on an unknown name, a shape or a non-castable dtype mismatch.
     With empty ``metadata`` (an engine that does not publish it) tensors pass unchanged."""
     meta = {m.name: m for m in metadata}
@@ -59,7 +62,10 @@ def conform(named: Iterable[tuple[str, torch.Tensor]], metadata: Sequence[Tensor
                 raise WeightPushError(f"{where}: {name!r} is {dtype_name(t.dtype)}, the engine's is {m.dtype} "
                                       f"(only floating-point tensors are cast)")
             t = t.to(target)
-        yield name, t
+        if m.format:
+            yield from to_parts(name, t, m.format)
+        else:
+            yield name, t
 
 
 def check_received(incoming: Mapping[str, tuple[str, Sequence[int]]], metadata: Sequence[TensorMeta]) -> list[str]:
@@ -67,7 +73,16 @@ def check_received(incoming: Mapping[str, tuple[str, Sequence[int]]], metadata: 
     meta = {m.name: m for m in metadata}
     problems = []
     for name, (dtype, shape) in incoming.items():
-        m = meta.get(name)
+        part = split_name(name)
+        m = meta.get(name if part is None else part[0])
+        if part is not None and m is not None:
+            want = part_specs(m.name, tuple(m.shape), m.format).get(name) if m.format else None
+            if want is None:
+                problems.append(f"{name!r}: {m.name!r} is not held in a quantised format here")
+            elif (dtype_name(parse_dtype(dtype)), tuple(shape)) != (want[0], tuple(want[1])):
+                problems.append(f"{name!r}: {dtype} {tuple(shape)}, {m.format} of {tuple(m.shape)} needs {want[0]} "
+                                f"{tuple(want[1])}")
+            continue
         if m is None:
             problems.append(f"unknown tensor {name!r}{did_you_mean(name, meta)}")
         elif tuple(shape) != tuple(m.shape):

@@ -80,3 +80,38 @@ def test_a_server_engine_publishes_its_format_and_the_broadcast_check_passes(tmp
         finally:
             await proc.stop(grace_s=10)
     run(main(), 140)
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "mxfp8", "nvfp4", "int4"])
+def test_the_export_ships_codes_and_scales_and_the_engine_joins_them(fmt):
+    from miles_engine.precision.parts import part_specs, to_parts
+    from miles_engine.weights.tensors import check_received, conform
+
+    trainer = trainer_model(seed=7)
+    engine = EmbeddedEngine.from_model(dict(TINY_QWEN3), num_threads=1, max_context=128, weight_format=fmt)
+    named = dict(trainer.named_parameters())
+    shipped = dict(conform(named.items(), engine.weight_metadata(), "test"))
+    assert f"{TARGET}:q.codes" in shipped and TARGET not in shipped
+    assert check_received({n: (str(t.dtype), t.shape) for n, t in shipped.items()}, engine.weight_metadata()) == []
+
+    async def main():
+        stats = await create_transport("colocated", engine).push(named.items(), version=1)
+        full = sum(t.numel() * t.element_size() for t in named.values())
+        assert stats.bytes < full and stats.missing == len({m.name for m in engine.weight_metadata()} - named.keys())
+        held = engine.model.state_dict()
+        assert torch.equal(held[TARGET], dequantize(quantize(named[TARGET].detach(), fmt)))
+        bad = dict(to_parts(TARGET, named[TARGET].detach(), fmt))
+        bad[f"{TARGET}:q.scales"] = bad[f"{TARGET}:q.scales"].to(torch.float64)
+        with pytest.raises(Exception, match=r"refused, nothing was changed: .*q\.scales"):
+            await engine.update_weights(bad)
+        missing = dict(to_parts(TARGET, named[TARGET].detach(), fmt))
+        missing.pop(f"{TARGET}:q.codes")
+        with pytest.raises(Exception, match="part .*q.codes' is missing"):
+            await engine.update_weights(missing)
+        with pytest.raises(Exception, match="arrives quantised but this engine holds in full precision"):
+            await engine.update_weights(dict(to_parts("model.embed_tokens.weight", held["model.embed_tokens.weight"],
+                                                      fmt)))
+        assert torch.equal(engine.model.state_dict()[TARGET], held[TARGET])  # nothing changed
+        assert set(part_specs(TARGET, tuple(named[TARGET].shape), fmt)) == {n for n in shipped if n.startswith(TARGET)}
+        await engine.aclose()
+    run(main(), 60)

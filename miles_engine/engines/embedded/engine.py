@@ -37,6 +37,7 @@ import torch
 from pydantic import ValidationError
 
 from miles_engine.engines.embedded import weights as W
+from miles_engine.engines.embedded.held_format import HeldFormat
 from miles_engine.engines.embedded.options import EmbeddedEngineOptions
 from miles_engine.engines.embedded.prompt_scoring import score_prompt
 from miles_engine.engines.embedded.runner import ModelRunner
@@ -47,8 +48,6 @@ from miles_engine.engines.errors import EngineUnavailable
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, SamplingParams, TensorMeta
 from miles_engine.errors import ConfigError, EngineRequestError
 from miles_engine.models.loading import load_model
-from miles_engine.precision.quantizer import QuantizeError, dequantize, quantize
-from miles_engine.precision.targets import quantized_weights
 
 _PAUSE_MODES = ("abort", "retract", "in_place")
 
@@ -101,9 +100,9 @@ class EmbeddedEngine:
         pad = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else 0
         self._runner = ModelRunner(model, pad_token_id=pad)
         self._tensors = W.model_tensors(model)
-        self._quantized = self._quantized_names(model)
-        W.apply(self._snap({n: self._tensors[n] for n in self._quantized}), self._tensors)
-        self._meta = W.metadata(self._tensors, {n: self.options.weight_format for n in self._quantized})
+        self._held = HeldFormat(model, self.options.weight_format, self.options.weight_exceptions)
+        W.apply(self._held.snap({n: self._tensors[n] for n in self._held.names}), self._tensors)
+        self._meta = W.metadata(self._tensors, self._held.formats())
         self._seeds = itertools.count()
         self._closed = False
         self._sched = Scheduler(
@@ -127,24 +126,6 @@ class EmbeddedEngine:
         model, desc = load_model(source, dtype=opts.dtype, device=opts.device, seed=opts.seed,
                                  attn_implementation=opts.attn_implementation)
         return cls(model, opts, model_path=desc)
-
-    def _quantized_names(self, model: Any) -> frozenset[str]:
-        fmt = self.options.weight_format
-        if fmt == "full":
-            return frozenset()
-        try:
-            return frozenset(quantized_weights(model, fmt, self.options.weight_exceptions))
-        except QuantizeError as exc:
-            raise ConfigError(f"engine weight_format={fmt}: {exc}") from None
-
-    def _snap(self, tensors: Mapping[str, Any]) -> dict[str, Any]:
-        """The rollout stage of the precision contract: quantised weights take exactly the values
-        the quantizer defines (at load and in every update, whatever the transport)."""
-        if not self._quantized:
-            return dict(tensors)
-        fmt = self.options.weight_format
-        return {n: dequantize(quantize(t, fmt, n), t.dtype) if n in self._quantized else t
-                for n, t in tensors.items()}
 
     # ------------------------------------------------------------------ introspection
     @property
@@ -308,8 +289,7 @@ class EmbeddedEngine:
         if isinstance(weights, (str, Path)):
             tensors = await asyncio.to_thread(W.from_safetensors, Path(weights), self._tensors)
         else:
-            tensors = W.from_mapping(weights, self._tensors)
-        tensors = self._snap(tensors)
+            tensors = self._held.incoming(weights, self._tensors)
         return await self._call(lambda: self._sched.update_weights(tensors, version))
 
     async def swap_weights(self, weights: Mapping[str, Any], *, version: int | None = None,
@@ -318,7 +298,7 @@ class EmbeddedEngine:
         of the engine thread: one stop between two forward passes instead of three round trips
         (each waits for the current forward). An engine paused before stays paused."""
         _check_pause_mode(pause_mode)
-        tensors = self._snap(W.from_mapping(weights, self._tensors))
+        tensors = self._held.incoming(weights, self._tensors)
         sched = self._sched
 
         def swap() -> int:
