@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,18 +103,51 @@ def _save_tokenizer(source: Any, dest: Path) -> None:
     tok.save_pretrained(str(dest))
 
 
-def export_run(run_dir: str | Path, dest: str | Path, *, merged: bool = False) -> Path:
+def save_model(model: Any, dest: Path, fmt: str = "full", exceptions: Sequence[str] = ()) -> None:
+    """``model`` as a Hugging Face directory, its weights in ``fmt`` (the first stage of the precision
+    contract: :mod:`miles_engine.precision.checkpoint`; ``miles_engine.models.loading`` reads it back)."""
+    if fmt == "full":
+        model.save_pretrained(str(dest), safe_serialization=True)
+        return
+    from safetensors.torch import save_file
+
+    from miles_engine.precision.checkpoint import quantization_config, to_checkpoint
+    from miles_engine.precision.quantizer import QuantizeError
+    from miles_engine.precision.targets import quantized_weights
+
+    try:
+        names = quantized_weights(model, fmt, exceptions)
+    except QuantizeError as exc:
+        raise ConfigError(str(exc)) from None
+    state = dict(model.state_dict())
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # the embeddings' storage, saved once
+    dest.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(str(dest))
+    config = json.loads((dest / "config.json").read_text())
+    config["quantization_config"] = quantization_config(fmt, exceptions, names)
+    (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    save_file(to_checkpoint(state, names, fmt), str(dest / "model.safetensors"), metadata={"format": "pt"})
+
+
+def export_run(run_dir: str | Path, dest: str | Path, *, merged: bool = False, fmt: str | None = None) -> Path:
+    """``fmt``: the weights' format (default: the run's ``precision.rollout``, what its engines served)."""
     from miles_engine.models.loading import load_model
 
     run_dir, dest = Path(run_dir), Path(dest)
     if dest.is_file() or (dest.is_dir() and any(dest.iterdir())):
         raise ConfigError(f"export destination {dest} exists and is not empty")
     cfg = _run_config(run_dir)
+    precision = cfg.get("precision") or {}
+    fmt = fmt or precision.get("rollout") or "full"
     spec = (cfg.get("model") or {}).get("path")
     if not spec:
         raise ConfigError(f"{run_dir}: the run trained a from-scratch policy (model.path unset); export needs a "
                           f"model source (an HF directory, a GGUF file or package:<module>) as its base")
     opts = lora.LoraOptions(**((cfg.get("trainer") or {}).get("lora") or {}))
+    if fmt != "full" and opts.enabled and not merged:
+        raise ConfigError(f"--format {fmt} quantises a model's weights: a LoRA run exports them with --merged "
+                          f"(an adapter directory is not quantised)")
     newest = checkpoint.latest(run_dir)
     if newest is None:
         raise ConfigError(f"{run_dir}: no checkpoint under {checkpoint.checkpoint_dir(run_dir)} to export")
@@ -142,10 +176,10 @@ def export_run(run_dir: str | Path, dest: str | Path, *, merged: bool = False) -
             if missing and not opts.enabled:
                 raise ConfigError(f"checkpoint of {run_dir} lacks policy tensors {missing[:5]}")
             model.load_state_dict(weights, strict=True)
-            model.save_pretrained(str(tmp), safe_serialization=True)
+            save_model(model, tmp, fmt, precision.get("exceptions") or ())
         _save_tokenizer(source, tmp)
         (tmp / "miles_export.json").write_text(json.dumps(
-            {"run": str(run_dir), "step": step, "source": spec, "merged": merged or not opts.enabled,
+            {"run": str(run_dir), "step": step, "source": spec, "merged": merged or not opts.enabled, "format": fmt,
              "lora": opts.model_dump() if opts.enabled else None}, indent=1))
         if dest.is_dir():
             dest.rmdir()  # empty (checked above)

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tito": ("miles_engine.cli.tito_cmd:tito", "TITO sessions: conformance check, session server."),
     "serve": ("miles_engine.cli.serve_cmd:serve", "Serve a model over SGLang-compatible HTTP (embedded engine)."),
     "export": ("miles_engine.cli.export_cmd:export", "Export a run's checkpoint as a Hugging Face model directory."),
+    "convert": ("miles_engine.cli.export_cmd:convert", "Write a model in a quantised format (fp8, mxfp8, nvfp4, int4)."),
     "report": ("miles_engine.cli.report_cmd:report", "Render a run's curves to PNG and HTML."),
     "new": ("miles_engine.cli.new_cmd:new", "Scaffold a plugin package (miles new plugin --kind K NAME)."),
 }

@@ -17,6 +17,7 @@ import torch
 from miles_engine.errors import ConfigError
 from miles_engine.models.cache import cache_root
 from miles_engine.models.source import parse_tiny_spec, resolve
+from miles_engine.precision.checkpoint import contract_of, from_checkpoint
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -62,7 +63,7 @@ def load_model(source: Any, *, dtype: str = "float32", device: str = "cpu", seed
     a ``config.json`` or config-only directory (random init, seeded), a ``.gguf`` file, or a
     directory holding HF weights (``from_pretrained(local_files_only=True)``) or a GGUF file.
     """
-    from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+    from transformers import PretrainedConfig, PreTrainedModel
 
     tdtype = torch_dtype(dtype)
     if isinstance(source, PreTrainedModel):
@@ -78,8 +79,8 @@ def load_model(source: Any, *, dtype: str = "float32", device: str = "cpu", seed
             assert src.path is not None
             model = load_gguf_model(src.path, dtype=tdtype, attn_implementation=attn_implementation)
         elif src.kind == "hf":
-            model = AutoModelForCausalLM.from_pretrained(
-                str(src.path), dtype=tdtype, local_files_only=True, attn_implementation=attn_implementation)
+            assert src.path is not None
+            model = _load_hf_dir(src.path, tdtype, attn_implementation)
         else:  # "config": a config.json or a config-only directory
             file = src.path if src.path.is_file() else src.path / "config.json"  # type: ignore[union-attr]
             model = _from_config(config_from(json.loads(file.read_text())), tdtype, seed, attn_implementation)
@@ -88,6 +89,45 @@ def load_model(source: Any, *, dtype: str = "float32", device: str = "cpu", seed
     model = model.to(device).eval()
     model.requires_grad_(False)
     return model, desc
+
+
+def _load_hf_dir(path: Path, dtype: torch.dtype, attn: str) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    try:
+        contract = contract_of(config)
+    except ValueError as exc:
+        raise ConfigError(f"{path / 'config.json'}: {exc}") from None
+    if contract is None:
+        return AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype, local_files_only=True,
+                                                    attn_implementation=attn)
+    return load_quantized_dir(path, config, contract, dtype, attn)
+
+
+def load_quantized_dir(path: Path, config: dict[str, Any], contract: dict[str, Any], dtype: torch.dtype,
+                       attn: str) -> Any:
+    """A directory written in a quantised format (:mod:`miles_engine.precision.checkpoint`): the
+    model holds exactly the quantizer's values of its quantised weights."""
+    from safetensors.torch import load_file
+
+    plain = {k: v for k, v in config.items() if k != "quantization_config"}
+    model = _from_config(config_from(plain), torch.float32, 0, attn)
+    saved: dict[str, Any] = {}
+    for file in sorted(path.glob("*.safetensors")):
+        saved.update(load_file(str(file)))
+    shapes = {n: tuple(t.shape) for n, t in model.state_dict().items()}
+    try:
+        tensors = from_checkpoint(saved, contract, shapes, torch.float32)
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    result = model.load_state_dict(tensors, strict=False)
+    tied = {"lm_head.weight"} if getattr(model.config, "tie_word_embeddings", False) else set()
+    missing = sorted(set(result.missing_keys) - tied)
+    if missing or result.unexpected_keys:
+        raise ConfigError(f"{path}: the {contract['format']} directory does not match its config: missing "
+                          f"{missing[:5]}, unexpected {list(result.unexpected_keys)[:5]}")
+    return model.to(dtype)
 
 
 def load_gguf_model(path: Path, *, dtype: Any, attn_implementation: str) -> Any:

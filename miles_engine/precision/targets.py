@@ -41,5 +41,6 @@ def quantized_weights(model: Any, fmt: str, exceptions: Iterable[str] = ()) -> d
         raise QuantizeError(f"{fmt} needs the last dimension of every quantised weight to be a multiple of "
                             f"{f.block_cols}; these are not: {', '.join(misfits[:5])}"
                             f"{f' and {len(misfits) - 5} more' if len(misfits) > 5 else ''}. Keep them in high "
-                            f"precision with precision.exceptions (fnmatch patterns of weight names)")
+                            f"precision: precision.exceptions in a recipe, --exception of miles convert (fnmatch "
+                            f"patterns of weight names)")
     return chosen

@@ -30,7 +30,8 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("agents", "rewards", "weights"),
     ("engines", "environments"),
     ("hub",),
-    ("models", "precision", "sandbox", "hookspecs", "loader", "recipes_plugin"),
+    ("models", "sandbox", "hookspecs", "loader", "recipes_plugin"),
+    ("precision",),  # the quantizer every stage shares, loading a model included
     ("batch_invariant", "fastapi_app", "components", "errors", PACKAGE),  # PACKAGE: miles_engine/__init__.py
 )
 

@@ -1,0 +1,106 @@
+"""The first stage of the contract: a model directory in a quantised format, written from full
+precision weights and read back into exactly the quantizer's values.
+
+- ``fp8`` is written in Hugging Face's fine-grained FP8 layout, which vLLM and SGLang load as is
+  (DeepSeek-V3, Qwen3-FP8): the weight as ``float8_e4m3fn``, ``<module>.weight_scale_inv`` the
+  float32 scale of each 128x128 tile (multiplied in, despite its name), and
+  ``quantization_config = {quant_method: fp8, fmt: e4m3, weight_block_size: [128, 128], ...}``.
+- the other formats have no common layout: the weight travels as its parts (``W:q.codes``,
+  ``W:q.scales``, ``W:q.tensor_scale``, :mod:`miles_engine.precision.parts`) under
+  ``quantization_config = {quant_method: miles, format: ..., exceptions: [...]}``.
+Either way ``quantization_config.miles`` records the format and the exception list, so loading
+knows which contract the directory was written under.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from miles_engine.precision.formats import get_format
+from miles_engine.precision.parts import SEPARATOR, split_name, to_parts
+
+_SCALE_SUFFIX = "weight_scale_inv"
+
+
+def quantization_config(fmt: str, exceptions: Iterable[str], names: Iterable[str]) -> dict[str, Any]:
+    get_format(fmt)
+    record = {"format": fmt, "exceptions": list(exceptions), "quantized": sorted(names)}
+    if fmt == "fp8":
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                "weight_block_size": [128, 128], "miles": record}
+    return {"quant_method": "miles", "miles": record}
+
+
+def contract_of(config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """``{format, exceptions, quantized}`` of a directory's config (None: full precision); a
+    quantised layout we cannot read is one error naming it."""
+    q = config.get("quantization_config")
+    if not q:
+        return None
+    record = q.get("miles") if isinstance(q, Mapping) else None
+    if record is None:
+        raise ValueError(f"quantization_config {dict(q) if isinstance(q, Mapping) else q!r} was not written by "
+                         f"miles (quant_method {q.get('quant_method') if isinstance(q, Mapping) else None!r}); "
+                         f"load the full-precision checkpoint, or convert it with `miles convert`")
+    get_format(record["format"])
+    return dict(record)
+
+
+def to_checkpoint(state: Mapping[str, Any], names: Iterable[str], fmt: str) -> dict[str, Any]:
+    """The tensors to save: ``names`` quantised in ``fmt``, the rest as they are."""
+    import torch
+
+    from miles_engine.precision.quantizer import quantize
+
+    names = set(names)
+    out: dict[str, Any] = {}
+    for name, tensor in state.items():
+        if name not in names:
+            out[name] = tensor.contiguous()
+        elif fmt == "fp8":
+            q = quantize(tensor, fmt, name)
+            out[name] = q.codes.view(torch.float8_e4m3fn).reshape(tensor.shape).contiguous()
+            out[f"{name.removesuffix('weight')}{_SCALE_SUFFIX}"] = q.scales.contiguous()
+        else:
+            out.update((n, t.contiguous()) for n, t in to_parts(name, tensor, fmt))
+    return out
+
+
+def from_checkpoint(saved: Mapping[str, Any], contract: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
+                    dtype: Any) -> dict[str, Any]:
+    """The model's tensors (``dtype``) from a quantised directory's, the quantised ones holding
+    exactly the quantizer's values. ``shapes``: the model's, by name."""
+    import torch
+
+    from miles_engine.precision.parts import join
+    from miles_engine.precision.quantizer import Quantized, dequantize
+
+    fmt, quantized = contract["format"], set(contract["quantized"])
+    out: dict[str, Any] = {}
+    parts: dict[str, dict[str, Any]] = {}
+    for name, tensor in saved.items():
+        split = split_name(name)
+        if split is not None:
+            parts.setdefault(split[0], {})[name] = tensor
+        elif name.endswith(_SCALE_SUFFIX):
+            continue
+        elif name in quantized and fmt == "fp8":
+            scales = saved.get(f"{name.removesuffix('weight')}{_SCALE_SUFFIX}")
+            if scales is None:
+                raise ValueError(f"{name!r} is fp8 but its {_SCALE_SUFFIX} is missing")
+            codes = tensor.view(torch.uint8).reshape(-1, tensor.shape[-1])
+            out[name] = dequantize(Quantized("fp8", tuple(tensor.shape), codes, scales.float()), dtype)
+        else:
+            out[name] = tensor.to(dtype) if tensor.is_floating_point() else tensor
+    for name, group in parts.items():
+        if name not in shapes:
+            raise ValueError(f"{next(iter(group))!r}: the model has no weight {name!r}")
+        out[name] = join(name, tuple(shapes[name]), fmt, group, dtype)
+    missing = sorted(quantized - set(out))
+    if missing:
+        raise ValueError(f"quantised weights missing from the directory: {missing[:5]}")
+    return out
+
+
+__all__ = ["SEPARATOR", "contract_of", "from_checkpoint", "quantization_config", "to_checkpoint"]
