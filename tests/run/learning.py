@@ -12,8 +12,13 @@ The training reward's moving average is still printed when the check fails."""
 
 from __future__ import annotations
 
+import json
+import shutil
 from pathlib import Path
 
+from click.testing import CliRunner
+
+from miles_engine.cli.main import cli
 from miles_engine.report import moving_average
 
 # held-out evaluations at the run's first step (eval.at_start) and at step 30, in the run's own engines
@@ -35,3 +40,19 @@ def assert_held_out_rise(run: Path, train: list[dict], where: str = "") -> None:
     assert diff.n == 32, diff
     assert diff.low > 0, (f"held-out reward did not rise{where} ({files[0].stem} -> {files[-1].stem}: "
                           f"{diff}); training reward, 3-step moving average: {[round(x, 3) for x in ma]}")
+
+
+def rl_from_sft_weights(warm_run: Path, run: Path, steps: int, *overrides: str) -> list[dict]:
+    """A copy of the shared ``warm_run`` resumed from its step-0 checkpoint (the SFT weights, before
+    any rollout) for ``steps`` RL steps with ``overrides``, evaluated first and last; its train rows."""
+    shutil.copytree(warm_run, run)
+    shutil.rmtree(run / "checkpoints" / "step_00000001")  # from the SFT weights
+    (run / "metrics.jsonl").write_text("")  # this run's rows only
+    args = ["train", "--resume", str(run), *overrides, f"run.steps={steps}", "run.max_minutes=null",
+            "metrics.progress=false", *EVAL_FIRST_AND_LAST]
+    result = CliRunner().invoke(cli, args, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["kind"] == "train"]
+    assert len(train) == steps, [r.get("step") for r in train]
+    return train

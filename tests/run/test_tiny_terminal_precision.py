@@ -13,32 +13,18 @@ measures numerics, not staleness)."""
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from statistics import median
 
 import pytest
-from click.testing import CliRunner
 
-from miles_engine.cli.main import cli
-from tests.run.learning import EVAL_FIRST_AND_LAST, assert_held_out_rise
+from tests.run.learning import assert_held_out_rise, rl_from_sft_weights
 
 STEPS = 30
 
 
 def _train(warm_run: Path, run: Path, *overrides: str) -> list[dict]:
-    shutil.copytree(warm_run, run)
-    shutil.rmtree(run / "checkpoints" / "step_00000001")  # from the SFT weights
-    (run / "metrics.jsonl").write_text("")
-    args = ["train", "--resume", str(run), *overrides, "rollout.mode=sync", f"run.steps={STEPS}",
-            "run.max_minutes=null", "run.checkpoint_every=30", "metrics.progress=false", *EVAL_FIRST_AND_LAST]
-    result = CliRunner().invoke(cli, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if r["kind"] == "train"]
-    assert len(train) == STEPS, [r.get("step") for r in train]
-    return train
+    return rl_from_sft_weights(warm_run, run, STEPS, *overrides, "rollout.mode=sync", "run.checkpoint_every=30")
 
 
 @pytest.mark.slow

@@ -9,15 +9,11 @@ step-0 checkpoint: the SFT weights, before any rollout), 30 RL steps, the wall-c
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from miles_engine.cli.main import cli
-from tests.run.learning import EVAL_FIRST_AND_LAST, assert_held_out_rise
+from tests.run.learning import assert_held_out_rise, rl_from_sft_weights
 
 STEPS = 30
 
@@ -27,16 +23,8 @@ STEPS = 30
 def test_tiny_terminal_true_on_policy_learns_with_zero_numerics_gap_at_every_step(warm_run: Path,
                                                                                     tmp_path: Path) -> None:
     run = tmp_path / "top"
-    shutil.copytree(warm_run, run)
-    shutil.rmtree(run / "checkpoints" / "step_00000001")  # from the SFT weights: every RL step in this mode
-    (run / "metrics.jsonl").write_text("")  # this run's rows only
-    args = ["train", "--resume", str(run), "trainer.true_on_policy=true", "rollout.mode=sync", f"run.steps={STEPS}",
-            "run.max_minutes=null", "run.checkpoint_every=10", "metrics.progress=false", *EVAL_FIRST_AND_LAST]
-    result = CliRunner().invoke(cli, args, catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    train = [r for r in rows if r["kind"] == "train"]
-    assert len(train) == STEPS, [r.get("step") for r in train]
+    train = rl_from_sft_weights(warm_run, run, STEPS, "trainer.true_on_policy=true", "rollout.mode=sync",
+                                "run.checkpoint_every=10")
     for r in train:
         assert r["tis/numerics_tokens"] > 0 and r["tis/stale_tokens"] == 0, r
         assert r["tis/numerics_max_abs_diff"] == 0.0 and r["tis/numerics_abs_diff"] == 0.0, r
