@@ -100,7 +100,7 @@ def tasks(name: str, path: str | None, options: tuple[str, ...], backend: str, s
     out.print(table(f"{name}: {len(refs)} tasks", ["id", "difficulty", "tags", "description", "status"],
                     ([r.id, r.difficulty, ",".join(r.tags), r.description, status(r.id)[0]] for r in refs)))
     if admission is not None:
-        out.print(admission.report(limit=len(refs)))
+        out.print(admission.report(limit=len(refs)), markup=False)
 
 
 @env.command()
@@ -126,7 +126,8 @@ def validate(name: str, path: str | None, options: tuple[str, ...], jobs: int, b
     excluded = [e for e in admission.excluded if e.kind != "malformed"]
     out = console()
     if excluded and not as_json:
-        out.print("excluded (not run): " + "".join(f"\n  - {e.task_id} [{e.kind}]: {e.reason}" for e in excluded))
+        out.print("excluded (not run):" + "".join(f"\n  - {e.task_id} [{e.kind}]: {e.reason}" for e in excluded),
+                  markup=False)
     started = time.perf_counter()
 
     def progress(check: TaskCheck) -> None:
