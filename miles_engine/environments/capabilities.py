@@ -2,11 +2,13 @@
 
 Every environment source declares an :class:`EnvironmentCapabilities` through an optional
 ``capabilities()`` method: the widest needs over all of its tasks. A source without one gets a
-manifest derived from its first task (:func:`derive_capabilities`). Before any episode starts,
-the runner, ``miles eval`` and ``miles env validate`` call :func:`check_environment`, which
-refuses a backend that cannot meet the manifest with one error naming the environment, every
-unmet need and the backend. The per-task :func:`~miles_engine.sandbox.protocol.check_supported`
-at sandbox creation still guards each task's exact spec.
+manifest derived from its first task (:func:`derive_capabilities`). :func:`check_environment`
+refuses a backend that cannot meet the whole manifest (the contract suite and authors' checks use
+it). The programs that run tasks (``miles env``, ``miles eval``, training) decide per task instead
+(:mod:`miles_engine.environments.admission`): one task asking for a GPU leaves that task out, not
+its set. The per-task :func:`~miles_engine.sandbox.protocol.check_supported` at sandbox creation
+still guards each task's exact spec. A refusal names what would run the task, never the backend
+in use (:func:`~miles_engine.sandbox.protocol.remedy`).
 """
 
 from __future__ import annotations
