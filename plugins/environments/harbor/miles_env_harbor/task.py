@@ -252,7 +252,8 @@ def load_harbor_task(task_dir: Path, *, task_id: str | None = None, source: str 
     if config.steps:
         raise TaskUnsupportedError(f"{toml}: multi-step tasks ([[steps]]) are not supported by this reader yet")
     if config.environment.os != "linux":
-        raise TaskUnsupportedError(f"{toml}: [environment].os = '{config.environment.os}' is not supported (linux only)")
+        raise TaskUnsupportedError(f"{toml}: [environment].os = '{config.environment.os}' is not supported "
+                                   f"(linux only)")
     try:
         instruction = (task_dir / "instruction.md").read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -154,3 +154,17 @@ def test_a_file_where_a_task_directory_is_read_is_one_clear_error(tmp_path):
     with pytest.raises(TaskFormatError, match=r"rows.jsonl is a file; this environment reads a directory of task "
                                               r"directories, or one task directory \(holding task.toml\)"):
         invoke("env", "tasks", "harbor", "--path", str(tmp_path / "rows.jsonl"))
+
+
+def test_eval_leaves_out_only_the_tasks_the_backend_cannot_run(tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from miles_engine.evaluation.splits import EvalTasks, runnable_eval_tasks
+
+    source = mixed_set(tmp_path)
+    backend = SimpleNamespace(capabilities=lambda: LOCAL_CAPS)
+    tasks = runnable_eval_tasks(EvalTasks(source, source.task_ids(), "no split", 5), "local", backend)
+    assert tasks.ids == ["good"] and {e.task_id for e in tasks.excluded} == {
+        "needs-gpu", "multi-step", "ubuntu-image", "no-test"}
+    assert "1 eval task(s) of environment 'harbor' (no split); 4 excluded" in tasks.describe()
+    assert "needs-gpu [backend]" in capsys.readouterr().out

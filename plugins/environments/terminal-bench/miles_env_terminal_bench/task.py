@@ -41,7 +41,13 @@ from miles_engine.environments.protocol import (
 from miles_engine.errors import TaskFormatError
 from miles_engine.sandbox.protocol import BuildContext, NetworkPolicy, Resources, SandboxSpec
 
-from miles_env_terminal_bench.compose import CLIENT_CONTAINER_VAR, agent_service, load_client, load_services, read_services
+from miles_env_terminal_bench.compose import (
+    CLIENT_CONTAINER_VAR,
+    agent_service,
+    load_client,
+    load_services,
+    read_services,
+)
 from miles_env_terminal_bench.config import TBTaskConfig, load_solution_yaml, load_task_yaml
 from miles_env_terminal_bench.graders import expected, grade
 
