@@ -35,6 +35,11 @@ class TaskFormatError(MilesError):
     """A task directory or task file is malformed."""
 
 
+class TaskUnsupportedError(TaskFormatError):
+    """A well-formed task uses a feature of its format this reader does not support (the task is
+    excluded with this reason; the other tasks of its set go on)."""
+
+
 class SandboxUnsupportedError(MilesError):
     """A sandbox backend cannot meet what a task needs; the task is refused, never under-isolated."""
 

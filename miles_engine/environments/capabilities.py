@@ -2,11 +2,13 @@
 
 Every environment source declares an :class:`EnvironmentCapabilities` through an optional
 ``capabilities()`` method: the widest needs over all of its tasks. A source without one gets a
-manifest derived from its first task (:func:`derive_capabilities`). Before any episode starts,
-the runner, ``miles eval`` and ``miles env validate`` call :func:`check_environment`, which
-refuses a backend that cannot meet the manifest with one error naming the environment, every
-unmet need and the backend. The per-task :func:`~miles_engine.sandbox.protocol.check_supported`
-at sandbox creation still guards each task's exact spec.
+manifest derived from its first task (:func:`derive_capabilities`). :func:`check_environment`
+refuses a backend that cannot meet the whole manifest (the contract suite and authors' checks use
+it). The programs that run tasks (``miles env``, ``miles eval``, training) decide per task instead
+(:mod:`miles_engine.environments.admission`): one task asking for a GPU leaves that task out, not
+its set. The per-task :func:`~miles_engine.sandbox.protocol.check_supported` at sandbox creation
+still guards each task's exact spec. A refusal names what would run the task, never the backend
+in use (:func:`~miles_engine.sandbox.protocol.remedy`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from miles_engine.environments.protocol import EnvironmentSource, Task
 from miles_engine.errors import ConfigError, SandboxUnsupportedError
-from miles_engine.sandbox.protocol import ISOLATION_ORDER, Capabilities, IsolationLevel, NetworkMode
+from miles_engine.sandbox.protocol import ISOLATION_ORDER, Capabilities, IsolationLevel, NetworkMode, UnmetNeed, remedy
 
 # how much network a mode exposes; the manifest records the widest mode any task asks for
 NETWORK_ORDER: tuple[NetworkMode, ...] = ("none", "allowlist", "public")
@@ -121,39 +123,45 @@ def environment_capabilities(source: EnvironmentSource) -> EnvironmentCapabiliti
     return caps
 
 
-def unmet_environment_needs(caps: EnvironmentCapabilities, backend: Capabilities | None) -> list[str]:
+def environment_needs_unmet(caps: EnvironmentCapabilities, backend: Capabilities | None) -> list[UnmetNeed]:
     """Every need in ``caps`` the backend (``None``: no sandbox backend at all) cannot meet."""
     if not caps.needs_sandbox:
         return []
     if backend is None:
-        return ["a sandbox (none configured)"]
-    needs: list[str] = []
+        return [UnmetNeed("sandbox", "a sandbox (none configured)")]
+    needs: list[UnmetNeed] = []
     if ISOLATION_ORDER.index(backend.isolation) < ISOLATION_ORDER.index(caps.min_isolation):
-        needs.append(f"isolation '{caps.min_isolation}' (backend achieves '{backend.isolation}')")
+        needs.append(UnmetNeed("isolation", f"isolation '{caps.min_isolation}' (backend achieves "
+                                            f"'{backend.isolation}')", caps.min_isolation))
     if caps.network not in backend.network_modes:
-        needs.append(f"network '{caps.network}' (backend supports: {', '.join(sorted(backend.network_modes))})")
+        needs.append(UnmetNeed("network", f"network '{caps.network}' (backend supports: "
+                                          f"{', '.join(sorted(backend.network_modes))})", caps.network))
     if caps.image and not backend.images:
-        needs.append("container images")
+        needs.append(UnmetNeed("image", "container images"))
     if caps.dockerfile_build and not backend.dockerfile_build:
-        needs.append("Dockerfile builds")
+        needs.append(UnmetNeed("build", "Dockerfile builds"))
     if caps.absolute_paths and not backend.absolute_paths:
-        needs.append("absolute task paths such as /app (needs a private mount namespace)")
+        needs.append(UnmetNeed("paths", "absolute task paths such as /app (needs a private mount namespace)"))
     if caps.gpus and not backend.gpus:
-        needs.append(f"{caps.gpus} GPU(s)")
+        needs.append(UnmetNeed("gpus", f"{caps.gpus} GPU(s)"))
     if caps.run_as_user and not backend.run_as_user:
-        needs.append("running commands as a named user")
+        needs.append(UnmetNeed("user", "running commands as a named user"))
     return needs
+
+
+def unmet_environment_needs(caps: EnvironmentCapabilities, backend: Capabilities | None) -> list[str]:
+    return [need.text for need in environment_needs_unmet(caps, backend)]
 
 
 def check_environment(env: str, caps: EnvironmentCapabilities, backend: str | None,
                       backend_caps: Capabilities | None) -> None:
     """Refuse, before any episode starts, a backend that cannot meet the environment's needs."""
-    needs = unmet_environment_needs(caps, backend_caps)
+    needs = environment_needs_unmet(caps, backend_caps)
     if needs:
         who = f"sandbox backend '{backend}'" if backend else "no sandbox backend"
         raise SandboxUnsupportedError(
-            f"environment '{env}' cannot run on {who}: it needs {'; '.join(needs)}. "
-            f"Choose a sandbox backend that provides this (e.g. docker) instead of running under-isolated."
+            f"environment '{env}' cannot run on {who}: it needs {'; '.join(n.text for n in needs)}. "
+            f"What would run it: {remedy(needs, backend)} (tasks are refused, never run under-isolated)."
         )
 
 

@@ -45,6 +45,9 @@ class DirectoryTaskSource:
         self.name = name
         self.include = tuple(include)
         self.exclude = tuple(exclude)
+        if self.path.is_file():
+            raise TaskFormatError(f"environment '{name}': path {self.path} is a file; this environment reads a "
+                                  f"directory of task directories, or one task directory (holding {self.task_file})")
         if not self.path.is_dir():
             raise TaskFormatError(f"environment '{name}': task directory {self.path} does not exist")
 

@@ -38,7 +38,7 @@ from miles_engine.evaluation.config import EvalConfig
 from miles_engine.evaluation.external import link_copy, parse_result, run_command
 from miles_engine.evaluation.policy import ServedPolicy
 from miles_engine.evaluation.runner import AttemptRecord, eval_path, run_eval, summary_metrics, write_records
-from miles_engine.evaluation.splits import EvalTasks, check_disjoint, select_eval_tasks
+from miles_engine.evaluation.splits import EvalTasks, check_disjoint, runnable_eval_tasks, select_eval_tasks
 
 log = logging.getLogger(__name__)
 Outcome = tuple[list[AttemptRecord], dict[str, float]]
@@ -230,6 +230,7 @@ def _eval_tasks(inputs: Any, closers: list[Callable[[], Awaitable[None]]]) -> Ev
         check_disjoint((r.id for r in inputs.tasks.refs), tasks.ids, environment=inputs.source.name)
         check_disjoint(trained_task_ids(inputs.run_dir), tasks.ids, environment=inputs.source.name,
                        what="tasks this run already trained on (consumed.jsonl)")
+    tasks = runnable_eval_tasks(tasks, inputs.cfg.sandbox.backend, inputs.backend)
     print(f"eval: {tasks.describe()}; {len(inputs.tasks)} training task(s), none of them evaluated; "
           f"{cfg.attempts} attempt(s) each, mode {cfg.mode}, every {cfg.every} step(s)")
     return tasks

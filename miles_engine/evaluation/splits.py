@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from miles_engine.checkpoint.compat import flatten
+from miles_engine.environments.admission import ExcludedTask, admit_on
 from miles_engine.environments.protocol import TaskRef
 from miles_engine.errors import ConfigError
 from miles_engine.evaluation.config import EvalConfig
@@ -73,9 +74,23 @@ class EvalTasks:
     ids: list[str]
     split: str  # "hash(fraction=0.1, salt=...)", "source", "none", "environment <name>"
     listed: int  # ids considered before the split / limit
+    excluded: list[ExcludedTask] = field(default_factory=list)  # chosen, but the sandbox backend cannot run them
 
     def describe(self) -> str:
-        return f"{len(self.ids)} eval task(s) of environment '{getattr(self.source, 'name', '?')}' ({self.split})"
+        left_out = f"; {len(self.excluded)} excluded (the sandbox backend cannot run them)" if self.excluded else ""
+        return (f"{len(self.ids)} eval task(s) of environment '{getattr(self.source, 'name', '?')}' "
+                f"({self.split}){left_out}")
+
+
+def runnable_eval_tasks(tasks: EvalTasks, backend_name: str | None, backend: Any) -> EvalTasks:
+    """``tasks`` less those ``backend`` cannot run (each kept with its reason in ``excluded``);
+    one error naming every reason when none is left."""
+    admission = admit_on(tasks.source, backend_name, backend, task_ids=tasks.ids)
+    if admission.excluded:
+        print(f"eval: {admission.report()}", flush=True)
+    admission.require_some("to evaluate")
+    return replace(tasks, ids=[t for t in tasks.ids if t not in admission.excluded_ids],
+                   excluded=list(admission.excluded))
 
 
 def select_eval_tasks(cfg: EvalConfig, source: Any, *, from_training_env: bool) -> EvalTasks:

@@ -29,7 +29,7 @@ from miles_engine.checkpoint.compat import check as check_resume
 from miles_engine.config.recipe import RecipeConfig
 from miles_engine.engines.fleet.build import check_transport, create_kinds, start_fleet
 from miles_engine.engines.fleet.kinds import EngineKind, FleetContext
-from miles_engine.environments.capabilities import preflight
+from miles_engine.environments.admission import admit_on
 from miles_engine.errors import ConfigError
 from miles_engine.evaluation.evaluator import EvalInputs, Evaluator, build_evaluator
 from miles_engine.evaluation.splits import resume_split_change, train_filter
@@ -44,7 +44,6 @@ from miles_engine.rollout.scheduler import Scheduler
 from miles_engine.rollout.tasks import TaskStream
 from miles_engine.run.policy import build_codec, build_policy
 from miles_engine.run.trainer_access import TrainerAccess
-from miles_engine.sandbox.protocol import check_supported
 from miles_engine.sandbox.remote import RUN_ID_ENV
 from miles_engine.sft.dataset_run import resumes_sft
 from miles_engine.teachers.setup import OPDInputs, OPDSetup
@@ -147,8 +146,7 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
     # remote sandboxes carry the run name as their `miles.run` label: `miles sandbox sweep --run NAME`
     os.environ.setdefault(RUN_ID_ENV, run_dir.name)
     sandboxes = open_sandboxes(hub, cfg.sandbox, stack)
-    tasks = TaskStream(source, seed=cfg.rollout.task_seed, task_filter=train_filter(cfg.eval, source))
-    _preflight_sandbox(cfg, source, tasks, sandboxes)
+    tasks = _runnable_tasks(cfg, source, sandboxes, metrics)
     codec = build_codec(cfg, hub, source)
     tokenizer_sha = resume.tokenizer_sha256(codec.tokenizer)
     if resumed is not None:
@@ -200,14 +198,22 @@ def _check_topology(cfg: RecipeConfig) -> None:
                           f"placement.trainer=subprocess for FSDP2 ranks (or world_size 1)")
 
 
-def _preflight_sandbox(cfg: RecipeConfig, source: EnvironmentSource, tasks: TaskStream,
-                       sandboxes: SandboxBackend) -> None:
-    """Refuse a backend that cannot isolate the tasks as asked, before anything trains."""
-    preflight(source, cfg.sandbox.backend, sandboxes)
-    task = source.load_task(tasks.refs[0].id)
-    spec = task.sandbox_spec()
-    if spec is not None:
-        check_supported(spec, sandboxes.capabilities(), backend=cfg.sandbox.backend, task=task.id)
+def _runnable_tasks(cfg: RecipeConfig, source: EnvironmentSource, sandboxes: SandboxBackend,
+                    metrics: MetricsLogger) -> TaskStream:
+    """The training task stream over the tasks the sandbox backend can run. Each task it cannot
+    (or that its reader does not support) is left out with its own reason, said here at start-up
+    and logged (``environment/tasks_excluded``); the run refuses only when nothing is left."""
+    keep = train_filter(cfg.eval, source)
+    listed = TaskStream(source, seed=cfg.rollout.task_seed, task_filter=keep)
+    admission = admit_on(source, cfg.sandbox.backend, sandboxes, task_ids=[r.id for r in listed.refs])
+    print(admission.report(), flush=True)
+    metrics.log(0, admission.metrics(), kind="environment")
+    admission.require_some("to train on")
+    if not admission.excluded:
+        return listed
+    excluded = admission.excluded_ids
+    return TaskStream(source, seed=cfg.rollout.task_seed,
+                      task_filter=lambda ref: ref.id not in excluded and (keep is None or keep(ref)))
 
 
 def _engine_kinds(cfg: RecipeConfig, hub: Hub) -> list[EngineKind]:

@@ -20,12 +20,11 @@ from typing import Any
 from miles_engine.checkpoint.export import read_policy
 from miles_engine.checkpoint.resume import tokenizer_sha256
 from miles_engine.config.recipe import RecipeConfig
-from miles_engine.environments.capabilities import preflight
 from miles_engine.errors import ConfigError
 from miles_engine.evaluation.policy import ServedPolicy
 from miles_engine.evaluation import stats
 from miles_engine.evaluation.runner import AttemptRecord, per_task_values, run_eval, summary_metrics
-from miles_engine.evaluation.splits import EvalTasks, select_eval_tasks
+from miles_engine.evaluation.splits import EvalTasks, runnable_eval_tasks, select_eval_tasks
 from miles_engine.hub import Hub
 from miles_engine.rollout.parts import agent_factory, open_environment, open_reward, open_sandboxes
 from miles_engine.run.policy import build_codec, build_policy
@@ -49,14 +48,21 @@ async def _environment(hub: Hub, cfg: RecipeConfig) -> AsyncIterator[tuple[Any, 
         backend = open_sandboxes(hub, cfg.sandbox, stack)
         reward = None
         if cfg.eval.environment is None:
-            preflight(source, cfg.sandbox.backend, backend)
             reward = open_reward(hub, cfg.reward, stack)
             tasks = select_eval_tasks(cfg.eval, source, from_training_env=True)
         else:
             other = open_environment(hub, cfg.eval.environment, stack, key="eval.environment")
-            preflight(other, cfg.sandbox.backend, backend)
             tasks = select_eval_tasks(cfg.eval, other, from_training_env=False)
-        yield source, tasks, backend, reward
+        # a task the backend cannot run is left out with its reason; the others are evaluated
+        yield source, runnable_eval_tasks(tasks, cfg.sandbox.backend, backend), backend, reward
+
+
+def _metrics(records: list[AttemptRecord], tasks: EvalTasks, cfg: RecipeConfig) -> dict[str, float]:
+    return {**summary_metrics(records, cfg.eval), "eval/tasks_excluded": float(len(tasks.excluded))}
+
+
+def _info(tasks: EvalTasks) -> dict[str, Any]:
+    return {"tasks": tasks.describe(), "excluded_tasks": [e.to_dict() for e in tasks.excluded]}
 
 
 def _agent_factory(hub: Hub, cfg: RecipeConfig, server_url: str | None) -> Any:
@@ -67,7 +73,7 @@ def _agent_factory(hub: Hub, cfg: RecipeConfig, server_url: str | None) -> Any:
 async def evaluate(hub: Hub, cfg: RecipeConfig) -> EvalRun:
     async with _environment(hub, cfg) as (_, tasks, backend, reward):
         records = await run_eval(tasks, _agent_factory(hub, cfg, None), backend, cfg.eval, reward=reward)
-    return EvalRun(cfg.agent.name, records, summary_metrics(records, cfg.eval), info={"tasks": tasks.describe()})
+    return EvalRun(cfg.agent.name, records, _metrics(records, tasks, cfg), info=_info(tasks))
 
 
 async def evaluate_checkpoints(hub: Hub, cfg: RecipeConfig, paths: Sequence[Path]) -> list[EvalRun]:
@@ -94,10 +100,9 @@ async def evaluate_checkpoints(hub: Hub, cfg: RecipeConfig, paths: Sequence[Path
             for w in weights:
                 await served.load(w.tensors, w.weight_version)
                 records = await run_eval(tasks, make_agent, backend, cfg.eval, reward=reward)
-                metrics = summary_metrics(records, cfg.eval)
+                metrics = _metrics(records, tasks, cfg)
                 metrics["eval/weight_version"] = float(w.weight_version)
-                runs.append(EvalRun(str(w.path), records, metrics, w.step, w.weight_version,
-                                    info={"tasks": tasks.describe()}))
+                runs.append(EvalRun(str(w.path), records, metrics, w.step, w.weight_version, info=_info(tasks)))
         finally:
             await served.aclose()
             shutil.rmtree(state_dir, ignore_errors=True)

@@ -236,45 +236,122 @@ class SweepableBackend(Protocol):
     async def sweep(self, run_id: str) -> list[str]: ...
 
 
-def unmet_needs(spec: SandboxSpec, caps: Capabilities) -> list[str]:
-    needs: list[str] = []
+@dataclass(frozen=True)
+class UnmetNeed:
+    """One thing a spec asks that a backend cannot give: ``field`` says which (``gpus``,
+    ``image``, ``build``, ``network``, ``paths``, ``isolation``, ``services``, ``volumes``,
+    ``user``, ``cpus``, ``memory``), ``text`` says it to a person, ``detail`` the level asked
+    (an isolation level or network mode) where the remedy depends on it."""
+
+    field: str
+    text: str
+    detail: str = ""
+
+
+def unmet_spec_needs(spec: SandboxSpec, caps: Capabilities) -> list[UnmetNeed]:
+    """Every need of ``spec`` that ``caps`` cannot meet."""
+    needs: list[UnmetNeed] = []
     if ISOLATION_ORDER.index(caps.isolation) < ISOLATION_ORDER.index(spec.min_isolation):
-        needs.append(f"isolation '{spec.min_isolation}' (backend achieves '{caps.isolation}')")
+        needs.append(UnmetNeed("isolation", f"isolation '{spec.min_isolation}' (backend achieves "
+                                            f"'{caps.isolation}')", spec.min_isolation))
     if spec.image and not caps.images:
-        needs.append(f"container image '{spec.image}'")
+        needs.append(UnmetNeed("image", f"container image '{spec.image}'"))
     if spec.build and not caps.dockerfile_build:
-        needs.append(f"a Docker build of {spec.build.context_dir / spec.build.dockerfile}")
+        needs.append(UnmetNeed("build", f"a Docker build of {spec.build.context_dir / spec.build.dockerfile}"))
     if spec.network.mode not in caps.network_modes:
-        needs.append(f"network '{spec.network.mode}' (supported: {', '.join(sorted(caps.network_modes))})")
+        needs.append(UnmetNeed("network", f"network '{spec.network.mode}' (supported: "
+                                          f"{', '.join(sorted(caps.network_modes))})", spec.network.mode))
     if spec.paths and not caps.absolute_paths:
-        needs.append(f"absolute task paths {', '.join(spec.paths)} (needs a private mount namespace)")
+        needs.append(UnmetNeed("paths", f"absolute task paths {', '.join(spec.paths)} (needs a private mount "
+                                        f"namespace)"))
     if spec.resources.gpus and not caps.gpus:
-        needs.append(f"{spec.resources.gpus} GPU(s)")
+        needs.append(UnmetNeed("gpus", f"{spec.resources.gpus} GPU(s)"))
     if spec.services and not caps.services:
-        needs.append(f"sidecar services {', '.join(sv.name for sv in spec.services)} (Docker Compose)")
+        needs.append(UnmetNeed("services", f"sidecar services {', '.join(sv.name for sv in spec.services)} "
+                                           f"(Docker Compose)"))
     if spec.volumes and not caps.services:
-        needs.append(f"volumes {', '.join(v.target for v in spec.volumes)} (Docker Compose)")
+        needs.append(UnmetNeed("volumes", f"volumes {', '.join(v.target for v in spec.volumes)} (Docker Compose)"))
     if spec.user and not caps.run_as_user:
-        needs.append(f"running as user '{spec.user}'")
+        needs.append(UnmetNeed("user", f"running as user '{spec.user}'"))
     if caps.max_cpus and spec.resources.cpus and spec.resources.cpus > caps.max_cpus:
-        needs.append(f"{spec.resources.cpus} CPUs (max {caps.max_cpus})")
+        needs.append(UnmetNeed("cpus", f"{spec.resources.cpus} CPUs (max {caps.max_cpus})"))
     if caps.max_memory_mb and spec.resources.memory_mb and spec.resources.memory_mb > caps.max_memory_mb:
-        needs.append(f"{spec.resources.memory_mb} MB memory (max {caps.max_memory_mb})")
+        needs.append(UnmetNeed("memory", f"{spec.resources.memory_mb} MB memory (max {caps.max_memory_mb})"))
     for sv in spec.services:
         if caps.max_cpus and sv.resources.cpus and sv.resources.cpus > caps.max_cpus:
-            needs.append(f"{sv.resources.cpus} CPUs for service '{sv.name}' (max {caps.max_cpus})")
+            needs.append(UnmetNeed("cpus", f"{sv.resources.cpus} CPUs for service '{sv.name}' (max {caps.max_cpus})"))
         if caps.max_memory_mb and sv.resources.memory_mb and sv.resources.memory_mb > caps.max_memory_mb:
-            needs.append(f"{sv.resources.memory_mb} MB memory for service '{sv.name}' (max {caps.max_memory_mb})")
+            needs.append(UnmetNeed("memory", f"{sv.resources.memory_mb} MB memory for service '{sv.name}' "
+                                             f"(max {caps.max_memory_mb})"))
     return needs
 
 
+def unmet_needs(spec: SandboxSpec, caps: Capabilities) -> list[str]:
+    return [need.text for need in unmet_spec_needs(spec, caps)]
+
+
+# Who provides a need, for the remedy of a refusal: (backend, how; "" when it needs no setting).
+# The backend in use is never offered as its own remedy; a setting of it that would help is.
+_CONTAINER_BACKENDS = (("docker", ""), ("daytona", ""), ("e2b", ""), ("modal", ""))
+_ISOLATION_OF = {"local": "namespace", "docker": "container", "daytona": "container", "modal": "container",
+                 "e2b": "microvm"}
+_PROVIDERS: dict[str, tuple[tuple[str, str], ...]] = {
+    "sandbox": (("local", ""), *_CONTAINER_BACKENDS),
+    "image": _CONTAINER_BACKENDS,
+    "build": _CONTAINER_BACKENDS,
+    "paths": (("local", "where the kernel allows user namespaces (bubblewrap or unshare)"), *_CONTAINER_BACKENDS),
+    "gpus": (("docker", "sandbox option gpus=true, on a host with NVIDIA GPUs"),
+             ("modal", "sandbox option gpu=<type>")),
+    "services": (("docker", ""),),
+    "volumes": (("docker", ""),),
+    "user": (("docker", ""),),
+    "cpus": (("docker", "sandbox option max_cpus raised or unset"),),
+    "memory": (("docker", "sandbox option max_memory_mb raised or unset"),),
+}
+_NETWORK_PROVIDERS: dict[str, tuple[tuple[str, str], ...]] = {
+    "none": (("local", "where the kernel allows user namespaces"), ("docker", ""), ("daytona", ""), ("e2b", ""),
+             ("modal", "")),
+    "allowlist": (("daytona", ""), ("e2b", ""), ("modal", "")),
+    "public": (("local", ""), *_CONTAINER_BACKENDS),
+}
+
+
+def _providers(need: UnmetNeed) -> tuple[tuple[str, str], ...]:
+    if need.field == "isolation":
+        wanted = ISOLATION_ORDER.index(need.detail) if need.detail in ISOLATION_ORDER else 0
+        return tuple((b, "") for b, level in _ISOLATION_OF.items() if ISOLATION_ORDER.index(level) >= wanted)
+    if need.field == "network":
+        return _NETWORK_PROVIDERS.get(need.detail, ())
+    return _PROVIDERS.get(need.field, ())
+
+
+def remedy(needs: Sequence[UnmetNeed], backend: str | None) -> str:
+    """What would run a spec with ``needs``: backends that provide every one of them (never
+    ``backend``, the one in use), and a setting of ``backend`` that would, where there is one."""
+    if not needs:
+        return ""
+    others: list[str] | None = None
+    here: list[str] = []
+    for need in needs:
+        providers = _providers(need)
+        names = [b for b, _ in providers if b != backend]
+        others = names if others is None else [b for b in others if b in names]
+        here.extend(how for b, how in providers if b == backend and how)
+    hows = {b: how for need in needs for b, how in _providers(need) if how}
+    parts = [", ".join(f"{b} ({hows[b]})" if b in hows else b for b in others or ())]
+    text = f"a sandbox backend that provides it: {parts[0]}" if others else ""
+    if here:
+        text += (" or, " if text else "") + "on this backend, " + "; ".join(dict.fromkeys(here))
+    return text or "no known sandbox backend provides it"
+
+
 def check_supported(spec: SandboxSpec, caps: Capabilities, *, backend: str, task: str | None = None) -> None:
-    """Raise :class:`SandboxUnsupportedError` naming every need ``caps`` cannot meet."""
-    needs = unmet_needs(spec, caps)
+    """Raise :class:`SandboxUnsupportedError` naming every need ``caps`` cannot meet and what would run it."""
+    needs = unmet_spec_needs(spec, caps)
     task = task or spec.labels.get(TASK_LABEL)
     if needs:
         who = f"task '{task}'" if task else "the sandbox spec"
         raise SandboxUnsupportedError(
-            f"sandbox backend '{backend}' cannot run {who}: it needs {'; '.join(needs)}. "
-            f"Choose a backend that provides this (e.g. docker) instead of running under-isolated."
+            f"sandbox backend '{backend}' cannot run {who}: it needs {'; '.join(n.text for n in needs)}. "
+            f"What would run it: {remedy(needs, backend)} (a task is refused, never run under-isolated)."
         )

@@ -130,8 +130,12 @@ def test_miles_eval_refuses_before_any_episode(tmp_path) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text("environment: {name: web-files}\nsandbox: {backend: sealed}\nagent: {name: oracle}\n")
     cfg = load_recipe(str(recipe), [], hub=hub)
-    with pytest.raises(SandboxUnsupportedError, match="environment 'web-files' cannot run on sandbox backend 'sealed'"):
+    with pytest.raises(SandboxUnsupportedError, match=r"nothing to evaluate: environment 'web-files': 2 of 2 task\(s\) "
+                                                      r"excluded on sandbox backend 'sealed'") as err:
         asyncio.run(_evaluate(hub, cfg))
+    assert "task 'a' needs network 'public'" in str(err.value) and "what would run it" in str(err.value)
+    remedies = [line.split("what would run it")[1] for line in str(err.value).splitlines() if "what would run it" in line]
+    assert len(remedies) == 2 and not any("sealed" in r for r in remedies)  # never the backend in use as the remedy
 
 
 def test_contract_helpers_catch_broken_environments() -> None:

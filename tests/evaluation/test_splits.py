@@ -166,14 +166,20 @@ def test_an_eval_environment_of_its_own_during_training(tmp_path: Path) -> None:
     from miles_engine.config.recipe import load_recipe
     from miles_engine.evaluation.evaluator import _eval_tasks
     from miles_engine.hub import default_hub
+    from miles_engine.sandbox.protocol import Capabilities
 
     hub = default_hub()
+    # a backend that runs every task: this test is about the split, not about which tasks a backend can run
+    runs_all = SimpleNamespace(capabilities=lambda: Capabilities(
+        isolation="container", network_modes=frozenset({"none", "public"}), images=True, dockerfile_build=True,
+        absolute_paths=True))
 
     def inputs(*overrides: str) -> SimpleNamespace:
         cfg = load_recipe("tiny-terminal", ["eval.every=2", "eval.limit=3", *overrides], hub=default_hub())
         source = hub.create("environment", cfg.environment.name, cfg.environment.options, where="environment.options")
         assert train_filter(cfg.eval, source) is None  # nothing held out of training
-        return SimpleNamespace(cfg=cfg, hub=hub, source=source, tasks=TaskStream(source), run_dir=tmp_path)
+        return SimpleNamespace(cfg=cfg, hub=hub, source=source, tasks=TaskStream(source), run_dir=tmp_path,
+                               backend=runs_all)
 
     closers: list = []
     tasks = _eval_tasks(inputs("eval.environment.name=terminal-tasks"), closers)

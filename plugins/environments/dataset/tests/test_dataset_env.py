@@ -165,3 +165,16 @@ class TestDatasetContract(EnvironmentContract):
     def source(self, tmp_path):
         return DatasetSource(DatasetEnvOptions(path=str(tmp_path / "g.jsonl"), generate={"rows": 20},
                                                fields=FIELDS, cache_dir=str(tmp_path / "cache")))
+
+
+def test_cli_path_takes_the_data_file(tmp_path):
+    """``--path`` names what the environment reads: here a file (not only a directory)."""
+    from click.testing import CliRunner
+
+    from miles_engine.cli.main import cli
+
+    rows = write_jsonl(tmp_path / "rows.jsonl", arithmetic_rows(GenerateOptions(rows=5, seed=1)))
+    result = CliRunner().invoke(cli, ["env", "tasks", "dataset", "--path", rows, "-o", f"cache_dir={tmp_path / 'c'}",
+                                      "--json"], catch_exceptions=False)
+    listed = json.loads(result.stdout)
+    assert result.exit_code == 0 and len(listed) == 5 and {r["status"] for r in listed} == {"ok"}

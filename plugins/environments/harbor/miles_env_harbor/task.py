@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from miles_engine.environments.base import SandboxTask
 from miles_engine.environments.protocol import EpisodeContext, Message, NoReferenceSolution, RewardResult, TaskLimits
-from miles_engine.errors import SandboxUnsupportedError, TaskFormatError
+from miles_engine.errors import SandboxUnsupportedError, TaskFormatError, TaskUnsupportedError
 from miles_engine.sandbox.compose import load_services
 from miles_engine.sandbox.protocol import BuildContext, NetworkPolicy, Resources, SandboxSpec
 
@@ -164,6 +164,31 @@ class HarborTask(SandboxTask):
                 return self.environment_dir / name
         return None
 
+    def need_origin(self, need: str) -> str | None:
+        """Where this task asks for a sandbox need (``need``: an ``UnmetNeed.field``): the file and key."""
+        env, agent, toml = self.config.environment, self.config.agent, self.toml_path
+        overlay = self._compose_overlay()
+        if need == "network":
+            if agent.network_mode:
+                return f"{toml} [agent].network_mode = '{agent.network_mode}'"
+            if env.network_mode or env.allow_internet is not None:
+                key = "network_mode" if env.network_mode else "allow_internet"
+                return f"{toml} [environment].{key} = {getattr(env, key)!r}"
+            return f"the environment's option default_network = '{self.default_network}' ({toml} declares none)"
+        origins = {
+            "gpus": f"{toml} [environment].gpus = {env.gpus}",
+            "image": f"{toml} [environment].docker_image = '{env.docker_image}'",
+            "build": f"{self.environment_dir / 'Dockerfile'}",
+            "paths": f"Harbor's task layout ({', '.join(TASK_PATHS)})"
+                     + (f" and {toml} [environment].workdir = '{env.workdir}'" if env.workdir else ""),
+            "user": f"{toml} [agent].user = {agent.user!r}",
+            "cpus": f"{toml} [environment].cpus = {env.cpus:g}",
+            "memory": f"{toml} [environment].memory_mb = {env.effective_memory_mb}",
+            "services": f"{overlay} (services besides '{MAIN_SERVICE}')" if overlay else None,
+            "volumes": f"{overlay} services.{MAIN_SERVICE}.volumes" if overlay else None,
+        }
+        return origins.get(need)
+
     def verifier_sandbox_spec(self) -> SandboxSpec:
         """The fresh sandbox of ``environment_mode = "separate"``: [verifier.environment], else a
         copy of [environment]; built from tests/Dockerfile when there is one and no image is named."""
@@ -225,9 +250,10 @@ def load_harbor_task(task_dir: Path, *, task_id: str | None = None, source: str 
     config = load_task_config(task_dir / "task.toml")
     toml = task_dir / "task.toml"
     if config.steps:
-        raise TaskFormatError(f"{toml}: multi-step tasks ([[steps]]) are not supported by this reader yet")
+        raise TaskUnsupportedError(f"{toml}: multi-step tasks ([[steps]]) are not supported by this reader yet")
     if config.environment.os != "linux":
-        raise TaskFormatError(f"{toml}: [environment].os = '{config.environment.os}' is not supported (linux only)")
+        raise TaskUnsupportedError(f"{toml}: [environment].os = '{config.environment.os}' is not supported "
+                                   f"(linux only)")
     try:
         instruction = (task_dir / "instruction.md").read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:

@@ -1,7 +1,10 @@
-"""A terminal-bench ``docker-compose.yaml``: the agent's container is the ``client`` service.
+"""A terminal-bench ``docker-compose.yaml``: which service is the agent's container, and what it asks.
 
 terminal-bench starts the file with ``docker compose`` after filling the ``T_BENCH_*``
-variables; what the client service says (its build context and Dockerfile, or its image, its
+variables, then takes the container named ``$T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME`` as the
+agent's: the agent service is the one whose ``container_name`` is that variable, whatever the
+service is called (:func:`agent_service`; a file where no service sets it falls back to the
+service named ``client``, the name terminal-bench's template gives it). What that service says (its build context and Dockerfile, or its image, its
 environment and working directory, its cpus and memory limits) becomes the task's :class:`SandboxSpec`. The variables are
 filled as terminal-bench fills them for the paths inside the container; the client's binds of
 host-side log paths have no equivalent here and are ignored (its named volumes are kept). The other services become sidecars
@@ -22,6 +25,7 @@ from miles_engine.errors import TaskFormatError
 from miles_engine.sandbox import compose
 
 CLIENT = "client"
+CLIENT_CONTAINER_VAR = "T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME"
 
 
 def tbench_vars(task_id: str) -> dict[str, str]:
@@ -50,14 +54,42 @@ class ClientService:
     workdir: str | None = None
 
 
-def load_client(path: Path, task_id: str, service: str = CLIENT) -> ClientService:
-    """Parse ``path`` and return its client service; other services are an error."""
+def read_services(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise TaskFormatError(f"{path}: cannot read docker-compose file: {exc}") from exc
     services = data.get("services") if isinstance(data, dict) else None
-    if not isinstance(services, dict) or service not in services:
+    if not isinstance(services, dict) or not services:
+        raise TaskFormatError(f"{path}: field 'services' must be a mapping of service names")
+    return {str(name): spec for name, spec in services.items()}
+
+
+def agent_service(path: Path, task_id: str) -> str:
+    """The agent's service: the one whose ``container_name`` is ``${T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME}``
+    (terminal-bench's rule), else the one named ``client``."""
+    services = read_services(path)
+    variables = tbench_vars(task_id)
+    wanted = variables[CLIENT_CONTAINER_VAR]
+    named = [name for name, spec in services.items() if isinstance(spec, dict) and spec.get("container_name")
+             and compose.fill(spec["container_name"], variables, f"{path} services.{name}.container_name",
+                              strict=False) == wanted]
+    if len(named) > 1:
+        raise TaskFormatError(f"{path}: services {', '.join(named)} all set container_name to "
+                              f"${{{CLIENT_CONTAINER_VAR}}}; exactly one is the agent's container")
+    if named:
+        return named[0]
+    if CLIENT in services:
+        return CLIENT
+    raise TaskFormatError(f"{path}: no service is the agent's container: none sets container_name: "
+                          f"${{{CLIENT_CONTAINER_VAR}}} (terminal-bench's rule) and none is named '{CLIENT}' "
+                          f"(services: {', '.join(services)})")
+
+
+def load_client(path: Path, task_id: str, service: str = CLIENT) -> ClientService:
+    """Parse ``path`` and return what its agent service ``service`` asks."""
+    services = read_services(path)
+    if service not in services:
         raise TaskFormatError(f"{path}: needs a 'services' mapping with the '{service}' service (the agent's container)")
     variables = tbench_vars(task_id)
     spec = services[service] or {}

@@ -2,8 +2,9 @@
 
 Field names and defaults are terminal-bench's (``terminal_bench.handlers.trial_handler.Task``).
 Unknown keys are ignored, as terminal-bench ignores them. The pre-``instruction`` spelling
-``descriptions: [{key: base, description: ...}]`` is accepted. Only the ``pytest`` parser is
-supported; another ``parser_name`` is refused at load. Errors are
+``descriptions: [{key: base, description: ...}]`` is accepted. Every ``parser_name``
+terminal-bench ships is read (:mod:`miles_env_terminal_bench.graders`); another one is a
+:class:`~miles_engine.errors.TaskUnsupportedError` (the task is excluded, its set goes on). Errors are
 :class:`~miles_engine.errors.TaskFormatError` naming the file, the field and its line.
 """
 
@@ -15,11 +16,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from miles_engine.errors import format_validation_error
-from miles_engine.errors import TaskFormatError
+from miles_engine.errors import TaskFormatError, TaskUnsupportedError, format_validation_error
 
-SUPPORTED_PARSERS = ("pytest",)
-KNOWN_PARSERS = ("pytest", "swebench", "swelancer", "mlebench", "sweperf")
+from miles_env_terminal_bench.graders import GRADERS
+
+SUPPORTED_PARSERS = tuple(GRADERS)
 
 
 class Description(BaseModel):
@@ -113,9 +114,8 @@ def load_task_yaml(path: Path) -> TBTaskConfig:
         raise TaskFormatError(format_validation_error(exc, file=str(path), lines=lines)) from exc
     if config.parser_name not in SUPPORTED_PARSERS:
         line = lines.get("parser_name")
-        what = "is not supported (only 'pytest' is)" if config.parser_name in KNOWN_PARSERS else (
-            f"is unknown (terminal-bench parsers: {', '.join(KNOWN_PARSERS)}; supported here: pytest)")
-        raise TaskFormatError(f"{path}:{line}: parser_name '{config.parser_name}' {what}")
+        raise TaskUnsupportedError(f"{path}:{line}: parser_name '{config.parser_name}' is not a parser this reader "
+                                   f"knows (terminal-bench's: {', '.join(SUPPORTED_PARSERS)})")
     return config
 
 

@@ -28,11 +28,14 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
 @dataclass
-class PytestSummary:
+class TestSummary:
+    """A test run's tally as a grader read it (every terminal-bench parser gives one)."""
+
+    __test__ = False  # not a pytest test class
     passed: int
     failed: int
-    source: str  # "short-summary" | "final-line"
-    tests: dict[str, str] = field(default_factory=dict)  # test id -> status (short summary only)
+    source: str  # what it was read from: "short-summary", "final-line", "SWEBench markers", …
+    tests: dict[str, str] = field(default_factory=dict)  # test id -> status (where the output names tests)
 
     @property
     def total(self) -> int:
@@ -90,15 +93,23 @@ def _final_lines(text: str) -> tuple[int, int] | None:
     return (passed, failed) if found else None
 
 
-def parse_pytest_output(text: str) -> PytestSummary | None:
+PytestSummary = TestSummary  # the name this module first gave it
+
+
+def plain_text(text: str) -> str:
+    """Terminal output without colour codes and with ``\\n`` line ends."""
+    return _ANSI.sub("", text).replace("\r\n", "\n")
+
+
+def parse_pytest_output(text: str) -> TestSummary | None:
     """The test tally of pytest's console output, or ``None`` when there is none."""
-    text = _ANSI.sub("", text).replace("\r\n", "\n")
+    text = plain_text(text)
     short = _short_summary(text)
     final = _final_lines(text)
     if short is not None and short[0]:
         tests, passed, failed = short
         if final is None or sum(final) <= passed + failed:
-            return PytestSummary(passed, failed, "short-summary", tests)
+            return TestSummary(passed, failed, "short-summary", tests)
     if final is not None:
-        return PytestSummary(final[0], final[1], "final-line")
+        return TestSummary(final[0], final[1], "final-line")
     return None

@@ -9,9 +9,16 @@ Layout (terminal-bench's)::
     Dockerfile, docker-compose.yaml   the container (→ SandboxSpec.build)
 
 Grading, as terminal-bench does it: copy ``run-tests.sh`` and ``tests/`` into ``/tests``, run
-``bash /tests/run-tests.sh`` with ``TEST_DIR=/tests`` under ``max_test_timeout_sec``, parse
-pytest's output; reward 1.0 iff every test passed and at least one ran. Each ``exec`` is a fresh
-shell here, so ``run_tests_in_same_shell`` has no effect.
+``bash /tests/run-tests.sh`` with ``TEST_DIR=/tests`` under ``max_test_timeout_sec``, read its
+output with the task's ``parser_name`` (:mod:`miles_env_terminal_bench.graders`); reward 1.0 iff
+every test passed and at least one ran.
+
+``run_tests_in_same_shell``: terminal-bench then runs the tests in the agent's own shell session,
+so what the agent's commands left in that shell (exported variables, the working directory)
+reaches ``run-tests.sh``. Each ``exec`` here is a fresh shell, so the agent's shell is kept in a
+state file instead: each ``bash`` call starts from it and writes it back on exit (the
+``solution.yaml`` keystrokes too), and the tests start from it. Otherwise the tests run in a fresh
+shell at the task's working directory, as terminal-bench runs them in a new session.
 """
 
 from __future__ import annotations
@@ -23,13 +30,26 @@ from typing import Any, Literal
 import yaml
 
 from miles_engine.environments.base import SandboxTask
-from miles_engine.environments.protocol import EpisodeContext, Message, NoReferenceSolution, RewardResult, TaskLimits
-from miles_engine.errors import SandboxUnsupportedError, TaskFormatError
+from miles_engine.environments.protocol import (
+    EpisodeContext,
+    Message,
+    NoReferenceSolution,
+    RewardResult,
+    TaskLimits,
+    ToolResult,
+)
+from miles_engine.errors import TaskFormatError
 from miles_engine.sandbox.protocol import BuildContext, NetworkPolicy, Resources, SandboxSpec
 
-from miles_env_terminal_bench.compose import load_client, load_services
+from miles_env_terminal_bench.compose import (
+    CLIENT_CONTAINER_VAR,
+    agent_service,
+    load_client,
+    load_services,
+    read_services,
+)
 from miles_env_terminal_bench.config import TBTaskConfig, load_solution_yaml, load_task_yaml
-from miles_env_terminal_bench.parser import parse_pytest_output
+from miles_env_terminal_bench.graders import expected, grade
 
 Network = Literal["none", "public"]
 TASK_PATHS: tuple[str, ...] = ("/app", "/logs", "/tests", "/solution")
@@ -38,18 +58,10 @@ PREPARE_TESTS = f"mkdir -p /tests /logs && rm -f {TEST_OUTPUT}"
 RUN_TESTS = f"bash /tests/run-tests.sh > {TEST_OUTPUT} 2>&1"
 READ_OUTPUT = f"tail -c 262144 {TEST_OUTPUT}"
 VERIFY_GRACE_S = 30.0
+SHELL_STATE = "/tmp/.miles-agent-shell"  # the agent's shell between calls (run_tests_in_same_shell)
+RESTORE_SHELL = f'[ -r {SHELL_STATE} ] && . {SHELL_STATE}\n'
+SAVE_SHELL_ON_EXIT = f"trap '{{ export -p; printf \"cd %q\\n\" \"$PWD\"; }} > {SHELL_STATE} 2>/dev/null' EXIT\n"
 _TMUX_KEY = re.compile(r"^(?:[CMS]-.+|Escape|Enter|Tab|BSpace|BTab|Up|Down|Left|Right|Home|End|PPage|NPage|F\d+)$")
-
-
-def compose_services(path: Path) -> list[str]:
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise TaskFormatError(f"{path}: cannot read docker-compose file: {exc}") from exc
-    services = data.get("services") if isinstance(data, dict) else None
-    if not isinstance(services, dict):
-        raise TaskFormatError(f"{path}: field 'services' must be a mapping of service names")
-    return [str(name) for name in services]
 
 
 class TerminalBenchTask(SandboxTask):
@@ -75,8 +87,8 @@ class TerminalBenchTask(SandboxTask):
         self.config = config
         self.ignore_dockerfile = ignore_dockerfile
         self.network: Network = network
-        compose = task_dir / "docker-compose.yaml"
-        self.services = compose_services(compose) if compose.is_file() else []
+        self.compose_file = task_dir / "docker-compose.yaml"
+        self.services = list(read_services(self.compose_file)) if self.compose_file.is_file() else []
 
     def prompt(self) -> list[Message]:
         return [{"role": "user", "content": self.config.prompt_text}]
@@ -85,13 +97,14 @@ class TerminalBenchTask(SandboxTask):
         build, image, env, workdir, sidecars, volumes = None, None, {}, "/app", (), ()
         resources = Resources()
         if not self.ignore_dockerfile:
-            compose = self.task_dir / "docker-compose.yaml"
+            compose = self.compose_file
             if compose.is_file():
-                client = load_client(compose, self.id)
+                service = agent_service(compose, self.id)
+                client = load_client(compose, self.id, service)
                 if client.context_dir is not None:
                     build = BuildContext(context_dir=client.context_dir, dockerfile=client.dockerfile)
                 image, env, workdir = client.image, client.env, client.workdir or workdir
-                loaded = load_services(compose, self.id)
+                loaded = load_services(compose, self.id, client=service)
                 sidecars, volumes = loaded.sidecars, loaded.main_volumes
                 resources = loaded.main_limits.resources  # the client's cpus / mem_limit
             elif (self.task_dir / "Dockerfile").is_file():
@@ -108,6 +121,29 @@ class TerminalBenchTask(SandboxTask):
             services=sidecars,
             volumes=volumes,
         )
+
+    def need_origin(self, need: str) -> str | None:
+        """Where this task asks for a sandbox need (an ``UnmetNeed.field``): the file and key."""
+        compose = self.compose_file if self.compose_file.is_file() and not self.ignore_dockerfile else None
+        service = agent_service(compose, self.id) if compose is not None else None
+        if need == "network":
+            return f"the environment's option network = '{self.network}' (task.yaml declares none)"
+        if need == "paths":
+            return f"terminal-bench's task layout ({', '.join(TASK_PATHS)})"
+        if compose is None:
+            return f"{self.task_dir / 'Dockerfile'} (or ignore_dockerfile=true)" if need == "build" else None
+        agent = f"{compose} services.{service}"
+        return {"build": f"{agent}.build (or ignore_dockerfile=true)", "image": f"{agent}.image",
+                "services": f"{compose} (services besides '{service}', the agent's: its container_name is "
+                            f"${{{CLIENT_CONTAINER_VAR}}} or its name is 'client')",
+                "volumes": f"{agent}.volumes", "cpus": f"{agent} cpus / deploy.resources.limits",
+                "memory": f"{agent} mem_limit / deploy.resources.limits"}.get(need)
+
+    async def call_tool(self, ctx: EpisodeContext, name: str, arguments: dict[str, Any]) -> ToolResult:
+        command = arguments.get("command")
+        if self.config.run_tests_in_same_shell and name == "bash" and isinstance(command, str) and command.strip():
+            arguments = {**arguments, "command": RESTORE_SHELL + SAVE_SHELL_ON_EXIT + command}
+        return await super().call_tool(ctx, name, arguments)
 
     def _solution_script(self) -> bytes:
         sh = self.task_dir / "solution.sh"
@@ -137,7 +173,9 @@ class TerminalBenchTask(SandboxTask):
         if (self.task_dir / "solution.sh").is_file():
             await ctx.sandbox.write_file("/solution/solution.sh", script, mode=0o755)
             result = await ctx.sandbox.exec("bash /solution/solution.sh", timeout_s=timeout)
-        else:
+        else:  # keystrokes typed into the agent's shell: with run_tests_in_same_shell its state is kept
+            if self.config.run_tests_in_same_shell:
+                script = (RESTORE_SHELL + SAVE_SHELL_ON_EXIT).encode() + script
             result = await ctx.sandbox.exec("bash -s", stdin=script, timeout_s=timeout)
         ctx.info["solution"] = {"exit_code": result.exit_code, "timed_out": result.timed_out,
                                 "output_tail": (result.stdout + result.stderr)[-2000:]}
@@ -154,16 +192,18 @@ class TerminalBenchTask(SandboxTask):
             await sb.upload_dir(self.task_dir / "tests", "/tests")
         await sb.write_file("/tests/run-tests.sh", (self.task_dir / "run-tests.sh").read_bytes(), mode=0o755)
         timeout = self.config.max_test_timeout_sec
-        run = await sb.exec(RUN_TESTS, env={"TEST_DIR": "/tests"}, timeout_s=timeout)
+        command = RESTORE_SHELL + RUN_TESTS if self.config.run_tests_in_same_shell else RUN_TESTS
+        run = await sb.exec(command, env={"TEST_DIR": "/tests"}, timeout_s=timeout)
         output = (await sb.exec(READ_OUTPUT, timeout_s=30)).stdout
         info: dict[str, Any] = {"test_exit_code": run.exit_code, "test_output_tail": output[-2000:]}
         if run.timed_out:
             return RewardResult.failed(f"{where}: run-tests.sh timed out after {timeout:g}s", **info)
-        summary = parse_pytest_output(output)
+        parser = self.config.parser_name
+        summary = grade(parser, output)
         if summary is None:
             return RewardResult.failed(
-                f"{where}: cannot parse the output of run-tests.sh (no pytest 'short test summary info' "
-                f"section and no final 'N passed, M failed' line; exit code {run.exit_code})", **info)
+                f"{where}: cannot parse the output of run-tests.sh with parser_name '{parser}' "
+                f"({expected(parser)}; exit code {run.exit_code})", **info)
         info.update(parsed_from=summary.source, tests=summary.tests)
         return RewardResult(
             reward=1.0 if summary.resolved else 0.0,

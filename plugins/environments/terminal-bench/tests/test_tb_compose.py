@@ -46,7 +46,12 @@ def test_bad_client_services_are_named(tmp_path):
         "t1": ("services:\n  client:\n    image: x\n    environment: [\"K=${NOT_SET}\"]\n", r"variable \$\{NOT_SET\}"),
         "t2": ("services:\n  client:\n    environment: [A=1]\n", r"services\.client: needs 'build' or 'image'"),
         "t3": ("services:\n  client:\n    build: missing-dir\n", r"build\.context: '.*missing-dir' is not a directory"),
-        "t4": ("services:\n  server:\n    image: x\n", r"needs a 'services' mapping with the 'client' service"),
+        "t4": ("services:\n  server:\n    image: x\n", r"no service is the agent's container: none sets container_name: "
+               r"\$\{T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME\} \(terminal-bench's rule\) and none is named "
+               r"'client' \(services: server\)"),
+        "t5": ("services:\n  a:\n    image: x\n    container_name: ${T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME}\n"
+               "  b:\n    image: y\n    container_name: ${T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME}\n",
+               r"services a, b all set container_name to \$\{T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME\}"),
     }
     for name, (compose, pattern) in cases.items():
         task = load_tb_task(make_tb_task(tmp_path, name, files={"docker-compose.yaml": compose}))
@@ -60,3 +65,43 @@ def test_client_limits_become_the_sandboxs_resources(tmp_path):
     spec = load_tb_task(make_tb_task(tmp_path, files={"docker-compose.yaml": compose})).sandbox_spec()
     assert (spec.resources.cpus, spec.resources.memory_mb) == (1.5, 512)
     assert [(s.name, s.resources.cpus) for s in spec.services] == [("api", 0.5)]
+
+
+# terminal-bench's template, with the agent's service renamed: the agent is the service whose
+# container_name is ${T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME}, not the one called "client"
+RENAMED_AGENT = """\
+services:
+  dev-box:
+    build:
+      context: .
+    image: ${T_BENCH_TASK_DOCKER_CLIENT_IMAGE_NAME}
+    container_name: ${T_BENCH_TASK_DOCKER_CLIENT_CONTAINER_NAME}
+    command: [ "sh", "-c", "sleep infinity" ]
+    environment:
+      - TEST_DIR=${T_BENCH_TEST_DIR}
+    volumes:
+      - ${T_BENCH_TASK_LOGS_PATH}:${T_BENCH_CONTAINER_LOGS_PATH}
+      - ${T_BENCH_TASK_AGENT_LOGS_PATH}:${T_BENCH_CONTAINER_AGENT_LOGS_PATH}
+  client:
+    image: redis:7
+    healthcheck:
+      test: ["CMD", "redis-cli", "ping"]
+"""
+
+
+def test_the_agent_service_is_the_one_with_the_client_container_name(tmp_path):
+    from miles_env_terminal_bench.compose import agent_service
+
+    task_dir = make_tb_task(tmp_path, files={"docker-compose.yaml": RENAMED_AGENT, "Dockerfile": "FROM x\n"})
+    assert agent_service(task_dir / "docker-compose.yaml", "answer") == "dev-box"
+    spec = load_tb_task(task_dir).sandbox_spec()
+    assert spec.build is not None and spec.build.context_dir == task_dir
+    assert spec.env == {"TEST_DIR": "/tests"} and [sv.name for sv in spec.services] == ["client"]
+    assert spec.services[0].image == "redis:7"
+
+
+def test_a_lone_client_service_without_container_name_is_still_the_agent(tmp_path):
+    from miles_env_terminal_bench.compose import agent_service
+
+    task_dir = make_tb_task(tmp_path, files={"docker-compose.yaml": "services:\n  client:\n    image: ubuntu:24.04\n"})
+    assert agent_service(task_dir / "docker-compose.yaml", "answer") == "client"

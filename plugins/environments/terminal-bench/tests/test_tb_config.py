@@ -7,7 +7,7 @@ import textwrap
 import pytest
 from tb_testkit import TASK_YAML
 
-from miles_engine.errors import TaskFormatError
+from miles_engine.errors import TaskFormatError, TaskUnsupportedError
 from miles_env_terminal_bench.config import load_solution_yaml, load_task_yaml
 
 
@@ -43,8 +43,8 @@ def test_legacy_descriptions_list(tmp_path):
      ("instruction: [1, 2]\n", r"task\.yaml:1: bad value for 'instruction'"),
      ("author_name: me\n", r"task\.yaml: .*needs 'instruction'"),
      ("instruction: x\nmax_agent_timeout_sec: -5\n", r"task\.yaml:2: bad value for 'max_agent_timeout_sec'"),
-     ("instruction: x\nparser_name: swebench\n", r"task\.yaml:2: parser_name 'swebench' is not supported \(only 'pytest' is\)"),
-     ("instruction: x\nparser_name: junit\n", r"task\.yaml:2: parser_name 'junit' is unknown"),
+     ("instruction: x\nparser_name: junit\n", r"task\.yaml:2: parser_name 'junit' is not a parser this reader knows "
+                                              r"\(terminal-bench's: pytest, swebench, sweperf, mlebench, swelancer\)"),
      ("instruction: x\n  bad: indent\n", r"task\.yaml:2: invalid YAML"),
      ("- just\n- a list\n", r"task\.yaml: task\.yaml must be a mapping of fields, got list"),
      ("", r"task\.yaml: task\.yaml must be a mapping of fields, got NoneType")],
@@ -52,6 +52,16 @@ def test_legacy_descriptions_list(tmp_path):
 def test_malformed_task_yaml_names_file_field_and_line(tmp_path, text, needle):
     with pytest.raises(TaskFormatError, match=needle):
         load_task_yaml(write(tmp_path, text))
+
+
+@pytest.mark.parametrize("name", ["pytest", "swebench", "sweperf", "mlebench", "swelancer"])
+def test_every_parser_terminal_bench_ships_is_read(tmp_path, name):
+    assert load_task_yaml(write(tmp_path, f"instruction: x\nparser_name: {name}\n")).parser_name == name
+
+
+def test_an_unknown_parser_is_unsupported_not_malformed(tmp_path):
+    with pytest.raises(TaskUnsupportedError, match="parser_name 'formulacode'"):
+        load_task_yaml(write(tmp_path, "instruction: x\nparser_name: formulacode\n"))
 
 
 def test_solution_yaml(tmp_path):
