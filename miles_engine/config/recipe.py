@@ -134,6 +134,9 @@ class RecipeConfig(Section):
         if p.kv_cache != "full":
             raise ValueError(f"precision.kv_cache={p.kv_cache!r}: the engines' quantised KV cache is not built "
                              f"yet; allowed now: full")
+        if p.max_logprob_gap is not None and t.algorithm.old_logprobs == "rollout":
+            raise ValueError("precision.max_logprob_gap compares the trainer's log-probs with the engine's: it needs "
+                             "trainer.algorithm.old_logprobs=recompute, not rollout")
         if t.true_on_policy and p.train != p.rollout:
             raise ValueError(f"trainer.true_on_policy=true needs the trainer and the engines to compute with the same "
                              f"weights: precision.train={p.train!r} differs from precision.rollout={p.rollout!r}")

@@ -16,12 +16,17 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from miles_engine.components import Section
+from miles_engine.errors import MilesError
 
 StageFormat = Literal["full", "fp8", "mxfp8", "nvfp4", "int4"]
 
 # engine options that would quantise one stage behind the contract's back
 STAGE_ONLY_KEYS = ("quantization", "kv_cache_dtype", "weight_format")
 STAGE_ONLY_FLAGS = ("--quantization", "--kv-cache-dtype")
+
+
+class PrecisionGapError(MilesError):
+    """A step's train-rollout log-prob gap exceeded ``precision.max_logprob_gap``."""
 
 
 class PrecisionConfig(Section):
@@ -33,6 +38,11 @@ class PrecisionConfig(Section):
                                              "scale per head and token)")
     exceptions: list[str] = Field(default_factory=list, description="weight names (fnmatch patterns, e.g. "
                                   "'model.layers.23.*', '*.shared_experts.*') kept in high precision in every stage")
+
+    max_logprob_gap: float | None = Field(
+        None, gt=0, description="stop the run when a step's mean |trainer - engine| log-prob on the sampled tokens "
+        "of the current weights (tis/numerics_abs_diff) exceeds this, naming the tensor class whose quantisation "
+        "moves the trainer's log-probs most")
 
     @model_validator(mode="after")
     def _pair(self) -> PrecisionConfig:

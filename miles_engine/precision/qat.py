@@ -20,9 +20,10 @@ def apply(model: Any, fmt: str, exceptions: Iterable[str] = ()) -> list[str]:
     chosen = quantized_weights(model, fmt, exceptions)
 
     def forward(self: Any, x: Any) -> Any:
-        return F.linear(x, fake_quantize(self.weight, fmt, self.qat_name), self.bias)
+        weight = fake_quantize(self.weight, fmt, self.qat_name) if self.qat_active else self.weight
+        return F.linear(x, weight, self.bias)
 
     for name, module in chosen.items():
-        module.qat_name = name
+        module.qat_name, module.qat_active = name, True
         module.forward = MethodType(forward, module)
     return sorted(chosen)

@@ -54,6 +54,12 @@ class TrainerAccess:
     async def sft_step(self, batch: Sequence[Any]) -> dict[str, float]:
         return await self._call(self.backend.sft_step, batch)
 
+    async def precision_gaps(self, groups: Sequence[Any], fmt: str, exceptions: Sequence[str]) -> dict[str, float] | None:
+        """Per tensor class, the log-prob gap quantising it alone makes (None: a backend without the
+        diagnosis, one whose policy lives in rank processes)."""
+        diagnose = getattr(self.backend, "precision_gaps", None)
+        return None if diagnose is None else await self._call(diagnose, groups, fmt, exceptions)
+
     async def named_tensors(self) -> list[tuple[str, Any]]:
         return await self._call(lambda: list(self.backend.named_tensors()))
 

@@ -10,6 +10,7 @@ from typing import Any
 from miles_engine import checkpoint
 from miles_engine.checkpoint import consumed, crash_points, resume
 from miles_engine.evaluation.splits import resume_split_change
+from miles_engine.precision.config import PrecisionGapError
 from miles_engine.rollout.types import Group
 from miles_engine.run.compose import Components
 from miles_engine.run.step_metrics import EngineStepMetrics, group_metrics, sandbox_step_metrics
@@ -112,8 +113,28 @@ class TrainingRun:
         t0 = time.perf_counter()
         metrics = await self.parts.trainer.train_step(groups)
         self.timers["train"] = time.perf_counter() - t0
+        await self._check_precision_gap(step, groups, metrics)
         await asyncio.to_thread(consumed.append, self.run_dir, step, self.version, [g.group_id for g in groups])
         return metrics
+
+    async def _check_precision_gap(self, step: int, groups: list[Group], metrics: dict[str, float]) -> None:
+        p = self.cfg.precision
+        gap = metrics.get("tis/numerics_abs_diff")
+        if p.max_logprob_gap is None or gap is None or gap <= p.max_logprob_gap:
+            return
+        fmt = p.rollout if p.rollout != "full" else p.train
+        gaps = await self.parts.trainer.precision_gaps(groups, fmt, p.exceptions) if fmt != "full" else None
+        if gaps:
+            worst = next(iter(gaps))
+            top = ", ".join(f"{c} {g:.4g}" for c, g in list(gaps.items())[:3])
+            why = (f"quantising {worst} alone moves the trainer's log-probs by {gaps[worst]:.4g} on this step's "
+                   f"tokens (largest first: {top}); keep it in high precision: precision.exceptions ['*{worst.split('.')[-1]}*']")
+        else:
+            why = ("no tensor class to name: " + ("the rollout is not quantised, so the gap is not the format's"
+                                                  if fmt == "full" else "the trainer backend has no diagnosis"))
+        raise PrecisionGapError(f"step {step}: the mean |trainer - engine| log-prob on the sampled tokens of the "
+                                f"current weights is {gap:.4g}, above precision.max_logprob_gap={p.max_logprob_gap}; "
+                                f"{why}")
 
     async def maybe_checkpoint(self, step: int, *, final: bool = False) -> None:
         """Every ``run.checkpoint_every`` steps (step 0 included: resumable from the first RL

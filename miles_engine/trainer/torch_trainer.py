@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from miles_engine.errors import ConfigError
 from miles_engine.precision import qat
+from miles_engine.precision.diagnose import class_gaps
 from miles_engine.precision.quantizer import QuantizeError
 from miles_engine.trainer import lora
 from miles_engine.rollout.types import Group
@@ -321,6 +322,13 @@ class TorchTrainer:
                                        temperature=self.config.algorithm.temperature)
             out[mb.idx, : mb.width] = res.logp.float().cpu()
         return [out[i, :n].tolist() for i, n in enumerate(sb.lengths)]
+
+    def precision_gaps(self, groups: Sequence[Group], fmt: str, exceptions: Sequence[str],
+                       rows: int = 4) -> dict[str, float]:
+        """Per tensor class, how far quantising only it in ``fmt`` moves the policy's log-probs of
+        the sampled tokens of ``rows`` trajectories of ``groups`` (:mod:`miles_engine.precision.diagnose`)."""
+        picked = [(t.token_ids, t.loss_mask) for g in groups for t in g.trajectories if t.status == "ok"][:rows]
+        return class_gaps(self.policy, picked, fmt, exceptions)
 
     def named_tensors(self, dtype: str | None = None) -> Iterator[tuple[str, Tensor]]:
         """Full policy tensors under the HF state-dict names (tied weights under each name). In one

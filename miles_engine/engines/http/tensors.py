@@ -35,7 +35,6 @@ def untied_cpu(weights: Mapping[str, Any]) -> dict[str, Any]:
 
 def encode_named_tensors(weights: Mapping[str, Any], chunk_bytes: int = 256 << 20) -> list[str]:
     """Named tensors -> base64 safetensors blobs of at most about ``chunk_bytes`` each."""
-    import torch
     from safetensors.torch import save
 
     chunks: list[str] = []

@@ -8,7 +8,6 @@ from typing import Any
 
 import torch
 
-from miles_engine.trainer.megatron import hf_mapping as hm
 from miles_engine.trainer.megatron.gpt import HFCausalLM, build_gpt, shape_of
 from miles_engine.trainer.models import build_causal_lm
 
