@@ -72,3 +72,20 @@ def test_the_bound_needs_the_trainers_own_log_probs() -> None:
         load_recipe("tiny-terminal", ["precision.rollout=fp8", "precision.max_logprob_gap=0.1",
                                       "trainer.algorithm.old_logprobs=rollout", "trainer.mismatch.mode=none"],
                     hub=default_hub())
+
+
+@pytest.mark.timeout(300)
+def test_resume_keeps_the_format(tmp_path: Path) -> None:
+    _run(tmp_path, "precision.rollout=fp8", "run.checkpoint_every=1")
+    run_dir = tmp_path / "run"
+    cfg = load_recipe(str(run_dir / "config.yaml"), ["run.steps=3"], hub=default_hub())
+    assert cfg.precision.rollout == "fp8"
+    formats: list[set] = []
+
+    def started(run) -> None:
+        engines = run.parts.engines
+        for engine in getattr(engines, "engines", None) or [engines]:
+            formats.append({m.format for m in engine.weight_metadata()})
+
+    assert asyncio.run(run_recipe(cfg, run_dir, hub=default_hub(), resume=True, on_start=started)) == 3
+    assert formats and all(f == {"fp8", None} for f in formats)

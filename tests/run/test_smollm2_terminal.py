@@ -1,7 +1,10 @@
-"""``smollm2-terminal`` for a few RL steps, as shipped but shortened: the real SmolLM2 loads in the
-engine and the trainer process, samples, trains LoRA, pushes the merged adapted weights with
-check-weight-update-equal on, metrics are finite; ``miles export --merged`` of the run loads in
-transformers and its greedy output equals the embedded engine's."""
+"""``smollm2-terminal`` for a few RL steps, as shipped but shortened and served in FP8
+(``precision.rollout=fp8``): the real SmolLM2 loads in the engine and the trainer process, samples,
+trains LoRA, pushes the merged adapted weights as FP8 codes + scales with check-weight-update-equal
+on (each checked against the trainer's weights as the engine holds them), metrics are finite;
+``miles export --merged --format full`` of the run loads in transformers and its greedy output
+equals the embedded engine's; the default export is the run's FP8, which loads back into exactly the
+quantizer's values of the full export."""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ STEPS = 2
 SHORT = [f"run.steps={STEPS}", "sft.demos=8", "sft.batch_size=4", "rollout.group_size=2", "rollout.groups_per_step=1",
          "rollout.max_inflight=2", "agent.options.max_tokens=16", "agent.options.max_turns=2",
          "weights.check_update_equal=true", "metrics.progress=false", "run.checkpoint_every=1", "run.max_minutes=null",
-         "sft.max_minutes=null",
+         "sft.max_minutes=null", "precision.rollout=fp8",
          # a few tiny steps rarely see a reward: the entropy bonus keeps a gradient on the adapters regardless
          "trainer.entropy_coef=0.01"]
 
@@ -72,8 +75,8 @@ def test_merged_export_generates_like_the_engine(run_dir, tmp_path):
     from miles_engine.models.tokenizer import load_tokenizer
 
     dest = tmp_path / "smollm2-merged"
-    subprocess.run([sys.executable, "-m", "miles_engine.cli.main", "export", str(run_dir), "--merged", str(dest)],
-                   check=True, cwd=REPO, timeout=900)
+    subprocess.run([sys.executable, "-m", "miles_engine.cli.main", "export", str(run_dir), "--merged", "--format",
+                    "full", str(dest)], check=True, cwd=REPO, timeout=900)
     tok = load_tokenizer(str(dest))
     prompt = tok.encode("<|im_start|>user\nSay hello.<|im_end|>\n<|im_start|>assistant\n")
     torch.set_num_threads(1)
@@ -92,3 +95,23 @@ def test_merged_export_generates_like_the_engine(run_dir, tmp_path):
             await engine.aclose()
 
     assert hf == asyncio.run(engine_greedy())
+
+
+def test_the_default_export_is_the_runs_fp8(run_dir, tmp_path):
+    from miles_engine.models.loading import load_model
+    from miles_engine.precision.quantizer import dequantize, quantize
+    from miles_engine.precision.targets import quantized_weights
+
+    full, fp8 = tmp_path / "full", tmp_path / "fp8"
+    for dest, extra in ((full, ["--format", "full"]), (fp8, [])):
+        subprocess.run([sys.executable, "-m", "miles_engine.cli.main", "export", str(run_dir), "--merged", *extra,
+                        str(dest)], check=True, cwd=REPO, timeout=900)
+    assert json.loads((fp8 / "config.json").read_text())["quantization_config"]["quant_method"] == "fp8"
+    assert json.loads((fp8 / "miles_export.json").read_text())["format"] == "fp8"
+    reference, _ = load_model(str(full))
+    loaded, _ = load_model(str(fp8))
+    chosen = quantized_weights(reference, "fp8")
+    assert len(chosen) == 210  # 30 layers x 7 linears; the tied head and embeddings stay float32
+    want, got = reference.state_dict(), loaded.state_dict()
+    for name, t in want.items():
+        assert torch.equal(got[name], dequantize(quantize(t, "fp8", name)) if name in chosen else t), name
