@@ -138,4 +138,37 @@ PY
 fi
 # ---------------------------------------------------------------- end section: qwen3-terminal
 
+# ---------------------------------------------------------------- section: precision
+# Issue 30: the quantizer gives the same bytes on CUDA as on CPU (every format, random tensors of many
+# scales and the special blocks), then tiny-terminal served in FP8 on CUDA with every push checked: the
+# engine quantises on the GPU, the check on the CPU, so a single differing byte stops the run.
+if [ -z "${SECTIONS}" ] || want precision; then
+  echo "== precision: quantizer bytes CUDA == CPU"
+  python - <<'PY' || failed=1
+import math, torch
+from miles_engine.precision.quantizer import quantize
+g = torch.Generator().manual_seed(0)
+cases = [torch.randn(256, 512, generator=g) * s for s in (1e-6, 1e-2, 1.0, 1e4)]
+cases.append(torch.randn(256, 512, generator=g) * torch.exp(torch.randn(256, 512, generator=g) * 4))
+special = torch.randn(6, 512, generator=g)
+special[0] = 0; special[1, 5] = math.nan; special[2, 7] = -math.inf; special[3] = 1e-40; special[4] = 3e38
+cases.append(special)
+bad = 0
+for fmt in ("fp8", "mxfp8", "nvfp4", "int4"):
+    for x in cases:
+        a, b = quantize(x, fmt).parts(), quantize(x.cuda(), fmt).parts()
+        same = all(torch.equal(a[k].contiguous().view(torch.uint8), b[k].cpu().contiguous().view(torch.uint8)) for k in a)
+        bad += not same
+        print(f"{fmt:6} {tuple(x.shape)} {'same bytes' if same else 'DIFFER'}")
+assert bad == 0, f"{bad} cases differ between CUDA and CPU"
+PY
+  out=$(mktemp -d)
+  echo "== precision: tiny-terminal, FP8 serve on CUDA, every push checked"
+  timeout "${GPU_CHECK_RUN_TIMEOUT_S:-300}" python -m miles_engine.cli.main train tiny-terminal run.steps=3 \
+    run.max_minutes=null metrics.progress=false sft.enabled=false precision.rollout=fp8 weights.check_update_equal=true \
+    "engines=[{kind: embedded, device: cuda}]" trainer.parallel.device=cuda placement.trainer=in_process \
+    rollout.mode=sync "run.out_dir=${out}" run.name=fp8 || failed=1
+fi
+# ---------------------------------------------------------------- end section: precision
+
 exit "${failed}"
