@@ -41,6 +41,11 @@ TIS_ABS_RATIO_MINUS_1 = "tis/abs_ratio_minus_one"
 TIS_LOGPROB_DIFF = "tis/logprob_abs_diff"  # mean |logp_train - logp_rollout|
 TIS_KL_K3 = "tis/kl_k3"
 
+# --- the precision contract (a quantised run; run/training.py) --------------------------------
+PRECISION_GAP_MEAN = "precision/logprob_gap_mean"  # mean |logp_trainer - logp_engine|, tokens of the current weights
+PRECISION_GAP_MAX = "precision/logprob_gap_max"
+PRECISION_RATIO_SPREAD = "precision/ratio_spread"  # tis/ratio_max - tis/ratio_min
+
 # --- on-policy distillation (trainer.opd; logged without the train/ prefix) -----------------
 OPD_REVERSE_KL = "opd/reverse_kl"        # per-token reverse KL to the teacher (trainer.opd_loss)
 OPD_SAMPLED_LOG_RATIO = "opd/sampled_log_ratio"  # mean log p_student - log p_teacher, sampled tokens

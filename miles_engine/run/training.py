@@ -10,6 +10,7 @@ from typing import Any
 from miles_engine import checkpoint
 from miles_engine.checkpoint import consumed, crash_points, resume
 from miles_engine.evaluation.splits import resume_split_change
+from miles_engine.metrics import keys as K
 from miles_engine.precision.config import PrecisionGapError
 from miles_engine.rollout.types import Group
 from miles_engine.run.compose import Components
@@ -17,7 +18,7 @@ from miles_engine.run.step_metrics import EngineStepMetrics, group_metrics, sand
 from miles_engine.sft.config import SFTInputs
 from miles_engine.sft.warm_start import run_sft
 
-_UNPREFIXED = ("opd/", "tis/")  # trainer metrics the report reads under their own names
+_UNPREFIXED = ("opd/", "tis/", "precision/")  # trainer metrics the report reads under their own names
 
 
 class TrainingRun:
@@ -118,8 +119,15 @@ class TrainingRun:
         return metrics
 
     async def _check_precision_gap(self, step: int, groups: list[Group], metrics: dict[str, float]) -> None:
+        """A quantised run's figures under ``precision/`` (the gap on tokens of the current weights, so
+        staleness does not enter; the importance ratio's spread), and the stop at ``max_logprob_gap``."""
         p = self.cfg.precision
         gap = metrics.get("tis/numerics_abs_diff")
+        if (p.quantised or p.train != "full") and gap is not None:
+            metrics[K.PRECISION_GAP_MEAN] = gap
+            metrics[K.PRECISION_GAP_MAX] = metrics["tis/numerics_max_abs_diff"]
+            if K.TIS_RATIO_MAX in metrics:
+                metrics[K.PRECISION_RATIO_SPREAD] = metrics[K.TIS_RATIO_MAX] - metrics[K.TIS_RATIO_MIN]
         if p.max_logprob_gap is None or gap is None or gap <= p.max_logprob_gap:
             return
         fmt = p.rollout if p.rollout != "full" else p.train

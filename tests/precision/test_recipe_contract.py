@@ -39,7 +39,9 @@ def test_a_quantised_run_has_every_push_checked_against_the_format(tmp_path: Pat
     train = _run(tmp_path, *precision, "weights.check_update_equal=true")
     assert len(train) == 2
     assert all(r["weights/tensors_checked"] > 0 for r in train)
-    assert all(r["tis/numerics_tokens"] > 0 for r in train)
+    assert all(r["tis/numerics_tokens"] > 0 and r["precision/logprob_gap_mean"] == r["tis/numerics_abs_diff"] and
+               r["precision/logprob_gap_max"] >= r["precision/logprob_gap_mean"] > 0 and
+               r["precision/ratio_spread"] >= 0 for r in train)
 
 
 @pytest.mark.timeout(300)
