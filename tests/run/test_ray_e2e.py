@@ -153,7 +153,12 @@ def test_ray_placement_learns_and_survives_an_engine_actor_kill(warm_run: Path, 
     pushes = [r for r in train if "weights/sender_rank0" in r]
     assert pushes and all(r["weights/sender_rank0"] == 1 and r["weights/driver_bytes"] == 0 for r in pushes)
     after = [r for r in train if r["engines/server-0/restarts"] >= 1]
-    assert after and all(r["weights/tensors_checked"] > 0 and r["weights/engines"] == 2 for r in after[1:])
+    # every push is checked; the replacement rejoins (how many steps its start takes depends on the
+    # machine: steps are sub-second here) and from then on every push reaches both engines
+    assert after and all(r["weights/tensors_checked"] > 0 for r in after)
+    rejoined = next((i for i, r in enumerate(after) if r["weights/engines"] == 2), None)
+    assert rejoined is not None, [r["weights/engines"] for r in after]
+    assert all(r["weights/engines"] == 2 for r in after[rejoined:]), [r["weights/engines"] for r in after]
     assert sum(r["engines/server-0/requests"] for r in after) > 0  # the replacement actor served
 
     deadline = time.monotonic() + 30
