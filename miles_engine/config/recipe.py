@@ -126,14 +126,12 @@ class RecipeConfig(Section):
             raise ValueError(f"{', '.join(overrides)} would set one stage's precision alone; the precision section "
                              f"sets every stage at once (precision.train, precision.rollout, precision.kv_cache, "
                              f"precision.exceptions)")
-        if p.quantised:
+        if p.quantised or p.kv_cache != "full":
+            key = f"precision.rollout={p.rollout!r}" if p.quantised else f"precision.kv_cache={p.kv_cache!r}"
             for i, g in enumerate(self.engines):
                 if g.kind not in ("embedded", "server"):
-                    raise ValueError(f"precision.rollout={p.rollout!r}: engines.{i} is kind {g.kind!r}, which does "
-                                     f"not receive the precision contract yet; kinds that do: embedded, server")
-        if p.kv_cache != "full":
-            raise ValueError(f"precision.kv_cache={p.kv_cache!r}: the engines' quantised KV cache is not built "
-                             f"yet; allowed now: full")
+                    raise ValueError(f"{key}: engines.{i} is kind {g.kind!r}, which does not receive the precision "
+                                     f"contract yet; kinds that do: embedded, server")
         if p.max_logprob_gap is not None and t.algorithm.old_logprobs == "rollout":
             raise ValueError("precision.max_logprob_gap compares the trainer's log-probs with the engine's: it needs "
                              "trainer.algorithm.old_logprobs=recompute, not rollout")

@@ -34,8 +34,8 @@ class PrecisionConfig(Section):
                                "fake-quantises the weights to (straight-through gradients)")
     rollout: StageFormat = Field("full", description="the format the engines hold and compute with; the online "
                                  "export ships it (values + scales)")
-    kv_cache: Literal["full", "fp8"] = Field("full", description="the engines' KV cache (fp8: E4M3, a float32 "
-                                             "scale per head and token)")
+    kv_cache: Literal["full", "fp8"] = Field("full", description="the engines' KV cache (fp8: keys and values "
+                                             "stored and attended as E4M3 with a float32 scale per token and head)")
     exceptions: list[str] = Field(default_factory=list, description="weight names (fnmatch patterns, e.g. "
                                   "'model.layers.23.*', '*.shared_experts.*') kept in high precision in every stage")
 

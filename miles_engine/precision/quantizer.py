@@ -153,3 +153,13 @@ def _int4(m: torch.Tensor, f: QuantFormat) -> tuple[torch.Tensor, torch.Tensor]:
     scales = torch.where(amax > 0, amax / el.INT4_MAX, torch.ones_like(amax)).masked_fill(special, float("nan"))
     q = torch.round(blocks / scales.unsqueeze(-1)).nan_to_num(0.0).clamp(el.INT4_MIN, el.INT4_MAX)
     return el.pack_nibbles(el.int4_encode(q).reshape(m.shape)), scales
+
+
+def kv_fp8(x: torch.Tensor) -> torch.Tensor:
+    """The FP8 KV cache's values of ``x`` (in ``x``'s dtype): E4M3 with a float32 scale per vector
+    along the last dimension (one token of one head), ``amax / 448``; special values as the formats'."""
+    v = x.detach().float()
+    amax, special = _block_amax(v)
+    scale = torch.where(amax > 0, amax / el.E4M3_MAX, torch.ones_like(amax)).masked_fill(special, float("nan"))
+    scale = scale.unsqueeze(-1)
+    return (el.e4m3_decode(el.e4m3_encode(v / scale)) * scale).to(x.dtype)

@@ -236,7 +236,8 @@ async def _start_engines(cfg: RecipeConfig, kinds: list[EngineKind], run_dir: Pa
                          trainer: TrainerAccess, placement: RayPlacement | None, stack: AsyncExitStack) -> Router:
     ctx = FleetContext(model=policy, state_dir=run_dir / "engines", seed=cfg.seed, restore=trainer.last_pushed,
                        true_on_policy=cfg.trainer.true_on_policy, launcher=placement,
-                       weight_format=cfg.precision.rollout, weight_exceptions=tuple(cfg.precision.exceptions))
+                       weight_format=cfg.precision.rollout, weight_exceptions=tuple(cfg.precision.exceptions),
+                       kv_cache=cfg.precision.kv_cache)
     return await start_fleet(cfg.engines, kinds, ctx, stack, cfg.fleet)
 
 

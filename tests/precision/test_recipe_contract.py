@@ -34,7 +34,8 @@ def _run(tmp_path: Path, *overrides: str) -> list[dict]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("precision", [["precision.rollout=fp8"], ["precision.train=mxfp8", "precision.rollout=mxfp8"]])
+@pytest.mark.parametrize("precision", [["precision.rollout=fp8", "precision.kv_cache=fp8"],
+                                       ["precision.train=mxfp8", "precision.rollout=mxfp8"]])
 def test_a_quantised_run_has_every_push_checked_against_the_format(tmp_path: Path, precision: list[str]) -> None:
     train = _run(tmp_path, *precision, "weights.check_update_equal=true")
     assert len(train) == 2

@@ -67,8 +67,9 @@ def test_contract_refusals_that_name_what_is_missing():
         recipe(precision={"train": "fp8", "rollout": "fp8"}, trainer={"lora": {"enabled": True}})
     with pytest.raises(ValueError, match="true_on_policy=true needs the trainer and the engines"):
         recipe(precision={"rollout": "fp8"}, trainer={"true_on_policy": True})
-    with pytest.raises(ValueError, match="kv_cache='fp8'.*not built yet"):
-        recipe(precision={"rollout": "fp8", "kv_cache": "fp8"})
+    with pytest.raises(ValueError, match="precision.kv_cache='fp8': engines.0 is kind 'sglang'"):
+        recipe(precision={"kv_cache": "fp8"}, engines=[{"kind": "sglang"}])
+    assert recipe(precision={"rollout": "fp8", "kv_cache": "fp8"}).precision.kv_cache == "fp8"
 
 
 def engine(model, fmt: str, exceptions: tuple[str, ...] = ()) -> EmbeddedEngine:

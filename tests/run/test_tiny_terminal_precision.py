@@ -2,9 +2,9 @@
 ``warm_run``'s step-0 checkpoint), 30 RL steps, and the tiny-terminal e2e's learning bar
 (tests/run/learning.py: the held-out reward after 30 steps above the SFT weights', paired):
 
-- ``precision.rollout=fp8``: "full-precision train + FP8 serve" -- the engines compute with the
-  FP8 (128x128 block) values of the trainer's weights; the train-rollout log-prob gap on the
-  sampled tokens is what the mismatch correction sees.
+- ``precision.rollout=fp8 precision.kv_cache=fp8``: "full-precision train + FP8 serve" -- the
+  engines compute with the FP8 (128x128 block) values of the trainer's weights and an FP8 KV cache;
+  the train-rollout log-prob gap on the sampled tokens is what the mismatch correction sees.
 - ``precision.train=mxfp8 precision.rollout=mxfp8``: quantisation-aware training -- the trainer's
   forward computes with the very MXFP8 values the engines hold, so the gap shrinks to the float
   noise of two forward implementations.
@@ -30,7 +30,7 @@ def _train(warm_run: Path, run: Path, *overrides: str) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_fp8_serve_and_mxfp8_quantisation_aware_training_learn(warm_run: Path, tmp_path: Path) -> None:
-    serve = _train(warm_run, tmp_path / "fp8", "precision.rollout=fp8")
+    serve = _train(warm_run, tmp_path / "fp8", "precision.rollout=fp8", "precision.kv_cache=fp8")
     assert "precision" in (tmp_path / "fp8" / "config.yaml").read_text()
     assert_held_out_rise(tmp_path / "fp8", serve, " with FP8 serving")
     qat = _train(warm_run, tmp_path / "mxfp8", "precision.train=mxfp8", "precision.rollout=mxfp8")

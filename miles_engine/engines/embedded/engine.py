@@ -38,6 +38,7 @@ from pydantic import ValidationError
 
 from miles_engine.engines.embedded import weights as W
 from miles_engine.engines.embedded.held_format import HeldFormat
+from miles_engine.precision.quantizer import kv_fp8
 from miles_engine.engines.embedded.options import EmbeddedEngineOptions
 from miles_engine.engines.embedded.prompt_scoring import score_prompt
 from miles_engine.engines.embedded.runner import ModelRunner
@@ -98,7 +99,8 @@ class EmbeddedEngine:
             model.set_attn_implementation("sdpa")  # our 4-D ragged masks need sdpa or eager (or batch_invariant)
         pad = getattr(config, "pad_token_id", None)
         pad = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else 0
-        self._runner = ModelRunner(model, pad_token_id=pad)
+        self._kv_quant = kv_fp8 if self.options.kv_cache == "fp8" else None
+        self._runner = ModelRunner(model, pad_token_id=pad, kv_quant=self._kv_quant)
         self._tensors = W.model_tensors(model)
         self._held = HeldFormat(model, self.options.weight_format, self.options.weight_exceptions)
         W.apply(self._held.snap({n: self._tensors[n] for n in self._held.names}), self._tensors)
@@ -243,7 +245,7 @@ class EmbeddedEngine:
         if len(input_ids) > self.max_context_len:
             raise EngineRequestError(f"input of {len(input_ids)} tokens does not fit the context of "
                                      f"{self.max_context_len} tokens")
-        return await self._call(lambda: score_prompt(self.model, input_ids, start, top_n, token_ids))
+        return await self._call(lambda: score_prompt(self.model, input_ids, start, top_n, token_ids, self._kv_quant))
 
     # ------------------------------------------------------------------ control
     async def _call(self, fn: Any) -> Any:

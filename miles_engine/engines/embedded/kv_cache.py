@@ -14,6 +14,8 @@ reallocated (compacted, with room to spare) only when it runs out of rows or col
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
@@ -45,8 +47,12 @@ class _Layer(CacheLayerMixin):
 
 
 class RaggedKV(Cache):
-    def __init__(self, num_layers: int, *, device: torch.device | str, dtype: torch.dtype) -> None:
+    def __init__(self, num_layers: int, *, device: torch.device | str, dtype: torch.dtype,
+                 kv_quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """``kv_quant``: the values keys and values are stored (and attended) as, e.g. the FP8 KV
+        cache's (:func:`miles_engine.precision.quantizer.kv_fp8`); None: as computed."""
         super().__init__(layers=[_Layer(self, i) for i in range(num_layers)])
+        self.kv_quant = kv_quant
         self.num_layers, self.device, self.dtype = num_layers, torch.device(device), dtype
         self.k: list[torch.Tensor | None] = [None] * num_layers
         self.v: list[torch.Tensor | None] = [None] * num_layers
@@ -112,6 +118,8 @@ class RaggedKV(Cache):
         q = key.shape[2]
         if q != self._pending or key.shape[0] != self.rows:
             raise RuntimeError(f"ragged KV: forward of {key.shape[0]}x{q} tokens, expected {self.rows}x{self._pending}")
+        if self.kv_quant is not None:
+            key, value = self.kv_quant(key), self.kv_quant(value)
         if self.k[i] is None:
             self._alloc_layer(i, key, value)
         kb, vb = self.k[i], self.v[i]

@@ -44,5 +44,8 @@ class EmbeddedEngineOptions(BaseModel):
         "full", description="hold and compute with the values of this quantised format (the rollout stage of "
         "the precision contract; a recipe derives it from precision.rollout): every nn.Linear weight but the "
         "output head, at load and at every update")
+    kv_cache: Literal["full", "fp8"] = Field(
+        "full", description="fp8: keys and values are stored and attended as E4M3 with a float32 scale per token "
+        "and head (precision.kv_cache); prompt scoring reads them the same way")
     weight_exceptions: tuple[str, ...] = Field((), description="weight names (fnmatch) kept in high precision "
                                                "(precision.exceptions)")

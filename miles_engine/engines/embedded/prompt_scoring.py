@@ -6,7 +6,8 @@ middle of it) with a plain ``model(input_ids)`` call that leaves the engine's KV
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,13 +30,20 @@ class PromptLogprobs:
 
 
 def score_prompt(model: Any, ids: Sequence[int], start: int, top_n: int = 0,
-                 token_ids: Sequence[int] | None = None) -> PromptLogprobs:
+                 token_ids: Sequence[int] | None = None, kv_quant: Callable[[Any], Any] | None = None) -> PromptLogprobs:
+    """``kv_quant``: the KV cache's format (an FP8 KV cache): attention reads keys and values as the
+    generating engine stores them, so a prompt is scored as it is sampled."""
     import torch
 
     device = next(model.parameters()).device
     row = torch.tensor([list(ids)], dtype=torch.long, device=device)
     with torch.inference_mode():
-        logits = model(input_ids=row, use_cache=False).logits[0, start:len(ids) - 1]
+        if kv_quant is None:
+            out_logits = model(input_ids=row, use_cache=False).logits
+        else:
+            cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+            out_logits = model(input_ids=row, use_cache=True, **{cache_arg: _quantising_cache(kv_quant)}).logits
+        logits = out_logits[0, start:len(ids) - 1]
         from miles_engine.batch_invariant import is_enabled, log_softmax
 
         logp = log_softmax(logits.float()) if is_enabled(model) else torch.log_softmax(logits.float(), dim=-1)
@@ -50,3 +58,13 @@ def score_prompt(model: Any, ids: Sequence[int], start: int, top_n: int = 0,
             idx = torch.tensor(list(token_ids), dtype=torch.long, device=device)
             out.asked = logp.index_select(1, idx).tolist()
     return out
+
+
+def _quantising_cache(kv_quant: Callable[[Any], Any]) -> Any:
+    from transformers import DynamicCache
+
+    class QuantisingCache(DynamicCache):
+        def update(self, key_states: Any, value_states: Any, layer_idx: int, *args: Any, **kwargs: Any) -> Any:
+            return super().update(kv_quant(key_states), kv_quant(value_states), layer_idx, *args, **kwargs)
+
+    return QuantisingCache()

@@ -34,6 +34,7 @@ class FleetContext:
     # the rollout stage of the precision contract: the format the engines hold and its exceptions
     weight_format: str = "full"
     weight_exceptions: tuple[str, ...] = ()
+    kv_cache: str = "full"  # precision.kv_cache
     # where a placeable kind's engine processes run (None: subprocesses of the driver; see EngineLauncher)
     launcher: EngineLauncher | None = None
     _model_dir: Path | None = field(default=None, repr=False)
