@@ -12,7 +12,8 @@ Per format (full, fp8, mxfp8, nvfp4, int4):
   memory does not shrink yet (said, not hidden);
 - trainer-side quantisation time of one update (the export's cost, once per push);
 - the log-prob gap to full precision on the same sampled tokens: tokens sampled at T=1 from the
-  full-precision engine, scored by each format's engine (mean and max |delta log p|);
+  full-precision engine, scored by each format's engine (mean and max |delta log p|); ``fp8+kv``:
+  FP8 weights and the FP8 KV cache ("FP8 serve");
 - matmul throughput at SmolLM2's MLP shape on this CPU: float32 with the dequantised weight (what
   the engine does) against ``torch._scaled_mm`` FP8 x FP8 with row-wise scales (an FP8 GEMM: W8A8,
   a different scheme than the weight-only contract, shown for the speed it would buy).
@@ -102,6 +103,7 @@ async def main(args: argparse.Namespace) -> None:
     state = {n: t.detach() for n, t in model.state_dict().items()}
     fp32 = sum(t.numel() * 4 for t in state.values())
     engines = {fmt: EmbeddedEngine.from_model(model, weight_format=fmt, num_threads=args.threads) for fmt in FORMATS}
+    engines["fp8+kv"] = EmbeddedEngine.from_model(model, weight_format="fp8", kv_cache="fp8", num_threads=args.threads)
     try:
         print(f"SmolLM2-135M: {len(state)} tensors, {mib(fp32)} MiB in float32, {mib(fp32 / 2)} MiB in bf16\n")
         print(f"{'format':7} {'quantised':>9} {'update MiB':>10} {'vs fp32':>7} {'vs bf16':>7} {'engine holds':>12} "
@@ -125,7 +127,7 @@ async def main(args: argparse.Namespace) -> None:
         reference = await scored(engines["full"], rows)
         print(f"\nlog-prob gap to full precision on the same {len(reference)} tokens (sampled at T=1 by the full engine)")
         print(f"{'format':7} {'mean |dlogp|':>12} {'max |dlogp|':>12} {'mean dlogp':>11}")
-        for fmt in FORMATS[1:]:
+        for fmt in (*FORMATS[1:], "fp8+kv"):
             gap = (await scored(engines[fmt], rows)) - reference
             print(f"{fmt:7} {gap.abs().mean():12.4f} {gap.abs().max():12.4f} {gap.mean():11.4f}")
 
