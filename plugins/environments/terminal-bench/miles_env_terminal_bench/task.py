@@ -27,7 +27,6 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-
 from miles_engine.environments.base import SandboxTask
 from miles_engine.environments.protocol import (
     EpisodeContext,
