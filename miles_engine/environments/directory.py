@@ -64,7 +64,8 @@ class DirectoryTaskSource:
         return TaskRef(id=task_id)
 
     def load_dir(self, task_dir: Path, task_id: str) -> Any:
-        raise NotImplementedError
+        """The task in ``task_dir``: every format's source implements it (Harbor's, terminal-bench's)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement load_dir(task_dir, task_id)")
 
     # ------------------------------------------------------------------ the source
     @property

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from miles_engine.precision.formats import get_format
-from miles_engine.precision.parts import SEPARATOR, split_name, to_parts
+from miles_engine.precision.parts import join, split_name, to_parts
 
 _SCALE_SUFFIX = "weight_scale_inv"
 
@@ -73,7 +73,6 @@ def from_checkpoint(saved: Mapping[str, Any], contract: Mapping[str, Any], shape
     exactly the quantizer's values. ``shapes``: the model's, by name."""
     import torch
 
-    from miles_engine.precision.parts import join
     from miles_engine.precision.quantizer import Quantized, dequantize
 
     fmt, quantized = contract["format"], set(contract["quantized"])
@@ -101,6 +100,3 @@ def from_checkpoint(saved: Mapping[str, Any], contract: Mapping[str, Any], shape
     if missing:
         raise ValueError(f"quantised weights missing from the directory: {missing[:5]}")
     return out
-
-
-__all__ = ["SEPARATOR", "contract_of", "from_checkpoint", "quantization_config", "to_checkpoint"]
