@@ -6,6 +6,12 @@ must be local, e.g. a tiny random model saved with ``save_pretrained``), or any 
 
     python bench/sglang_api_check.py --url http://127.0.0.1:30000
     python bench/sglang_api_check.py --launch /models/tiny-qwen3 [--moe-shape 2,2] [--ckpt DIR]
+    python bench/sglang_api_check.py --url http://127.0.0.1:30000 --weights /models/tiny-qwen3
+
+``--weights`` (default: the ``--launch`` model): the policy's safetensors, pushed as the next version
+through the broadcast transport (``/init_weights_update_group``, ``/update_weights_from_distributed``,
+the group's store keys as SGLang's ``init_custom_process_group`` reads them) and read back tensor by
+tensor (``/get_weights_by_name``: ``weights.check_update_equal``) — what a training run does.
 """
 
 from __future__ import annotations
@@ -25,7 +31,8 @@ from miles_engine.engines.protocol import GenerateRequest, SamplingParams  # noq
 from miles_engine.engines.sglang import SGLangLaunchConfig, SGLangServer  # noqa: E402
 
 
-async def check(url: str, moe_shape: tuple[int, int] | None, ckpt: str | None) -> list[tuple[str, bool, str]]:
+async def check(url: str, moe_shape: tuple[int, int] | None, ckpt: str | None,
+                weights: str | None = None) -> list[tuple[str, bool, str]]:
     rows: list[tuple[str, bool, str]] = []
     raw = httpx.AsyncClient(base_url=url, timeout=120)
     engine = await HttpEngine(url, moe_shape=moe_shape).connect()
@@ -70,7 +77,11 @@ async def check(url: str, moe_shape: tuple[int, int] | None, ckpt: str | None) -
     async def abort() -> tuple[bool, str]:
         task = asyncio.create_task(engine.generate(GenerateRequest([1], SamplingParams(max_new_tokens=4000),
                                                                    request_id="chk-abort")))
-        await asyncio.sleep(0.5)
+        for _ in range(200):  # until the server runs it (a short context may finish it within half a second)
+            info = (await raw.get("/get_server_info")).json()
+            if any(int(s.get("num_running_reqs") or 0) for s in info.get("internal_states") or []):
+                break
+            await asyncio.sleep(0.005)
         await engine.abort("chk-abort")
         res = await asyncio.wait_for(task, 60)
         return res.finish_reason == "abort", f"finish={res.finish_reason} after {len(res.output_ids)} tokens"
@@ -83,9 +94,31 @@ async def check(url: str, moe_shape: tuple[int, int] | None, ckpt: str | None) -
         res = await engine.generate(GenerateRequest([1, 2], SamplingParams(max_new_tokens=2)))
         return str(seen) == str(v) and res.weight_versions[-1] == v, f"version {seen}"
 
+    async def broadcast_push() -> tuple[bool, str]:
+        if weights is None:
+            return True, "skipped (no --weights)"
+        from safetensors.torch import load_file
+
+        from miles_engine.weights.broadcast import BroadcastTransport
+        from miles_engine.weights.check.transport import CheckedTransport
+
+        served = {m.name for m in engine.weight_metadata()}
+        tensors: dict[str, Any] = {}
+        for f in sorted(Path(weights).glob("*.safetensors")):
+            tensors.update({n: t for n, t in load_file(str(f)).items() if n in served})
+        transport = CheckedTransport(BroadcastTransport([engine], backend="auto"), [engine])
+        try:
+            stats = await transport.push(list(tensors.items()), engine.weight_version + 1)
+        finally:
+            await transport.close()
+        seen = (await raw.get("/get_weight_version")).json()["weight_version"]
+        ok = stats.tensors_checked == len(tensors) > 0 and str(seen) == str(stats.version)
+        return ok, f"{stats.tensors} tensors pushed, {stats.tensors_checked} read back equal, version {seen}"
+
     for name, coro in [("/generate shape", gen_shape()), ("client generate", client_gen()),
                        ("bad input -> 400", bad_input()), ("pause/continue", pause_modes()),
-                       ("abort_request", abort()), ("update_weights_from_disk", update_disk())]:
+                       ("abort_request", abort()), ("update_weights_from_disk", update_disk()),
+                       ("broadcast push + read-back", broadcast_push())]:
         await row(name, coro)
     info = (await raw.get("/get_model_info")).json()
     rows.append(("/get_model_info", "weight_version" in info, ", ".join(sorted(info))[:160]))
@@ -101,6 +134,8 @@ async def main() -> int:
     p.add_argument("--launch", metavar="MODEL_PATH")
     p.add_argument("--moe-shape", help="layers,top_k of an MoE model (checks routed experts)")
     p.add_argument("--ckpt", help="a safetensors dir for /update_weights_from_disk")
+    p.add_argument("--weights", help="the policy's safetensors dir, pushed by broadcast and read back "
+                   "(default: the --launch model)")
     a = p.parse_args()
     moe = tuple(int(x) for x in a.moe_shape.split(",")) if a.moe_shape else None
     server = None
@@ -109,7 +144,7 @@ async def main() -> int:
         await server.start()
         a.url = server.url
     try:
-        rows = await check(a.url, moe, a.ckpt)  # type: ignore[arg-type]
+        rows = await check(a.url, moe, a.ckpt, a.weights or a.launch)  # type: ignore[arg-type]
     finally:
         if server is not None:
             await server.stop()

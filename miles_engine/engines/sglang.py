@@ -14,22 +14,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from miles_engine.engines.http.client import HttpEngine
 from miles_engine.engines.launch import ServerProcess, free_port
-
-# speculative-decoding knob -> SGLang flag
-SPECULATIVE_FLAGS = {
-    "algorithm": "--speculative-algorithm",
-    "draft_model_path": "--speculative-draft-model-path",
-    "num_steps": "--speculative-num-steps",
-    "eagle_topk": "--speculative-eagle-topk",
-    "num_draft_tokens": "--speculative-num-draft-tokens",
-}
-
+from miles_engine.engines.sglang_options import SGLangSpeculativeOptions, speculative_options
 
 @dataclass
 class SGLangLaunchConfig:
@@ -41,7 +32,7 @@ class SGLangLaunchConfig:
     ep_size: int = 1
     dtype: str | None = None  # "auto" | "bfloat16" | "float16" | ...
     mem_fraction_static: float | None = None
-    speculative: Mapping[str, Any] = field(default_factory=dict)  # keys of SPECULATIVE_FLAGS
+    speculative: SGLangSpeculativeOptions | Mapping[str, Any] | None = None
     weight_version: int | None = 0  # our versions are ints; SGLang's default is "default"
     extra_args: Sequence[str] = ()  # passed through verbatim, last (so they can override)
     python: str = sys.executable
@@ -64,13 +55,12 @@ def build_command(cfg: SGLangLaunchConfig, port: int) -> list[str]:
         if not 0.0 < cfg.mem_fraction_static < 1.0:
             raise ValueError(f"mem_fraction_static must be in (0, 1), got {cfg.mem_fraction_static}")
         cmd += ["--mem-fraction-static", str(cfg.mem_fraction_static)]
-    unknown = set(cfg.speculative) - set(SPECULATIVE_FLAGS)
-    if unknown:
-        raise ValueError(f"unknown speculative option(s) {sorted(unknown)}; known: {sorted(SPECULATIVE_FLAGS)} "
-                         f"(put anything else in extra_args)")
-    for key, flag in SPECULATIVE_FLAGS.items():
-        if cfg.speculative.get(key) is not None:
-            cmd += [flag, str(cfg.speculative[key])]
+    spec = speculative_options(cfg.speculative)
+    if spec is not None:
+        cmd += spec.flags()
+    if any(str(a).startswith("--speculative") for a in cfg.extra_args):
+        raise ValueError("speculative decoding is set with speculative (typed, checked), not with --speculative-* "
+                         "flags in extra_args")
     if cfg.weight_version is not None:
         cmd += ["--weight-version", str(cfg.weight_version)]
     cmd += [str(a) for a in cfg.extra_args]

@@ -151,7 +151,7 @@ class BroadcastTransport(TransportBase):
             raise
         self._group = group
         if self.flatten is None:
-            self.flatten = all(getattr(e, "is_miles_server", False) for e in engines)
+            self.flatten = all(getattr(e, "takes_flat_buckets", False) for e in engines)
         log.info("weight-sync group %s: %d engines, %s, rank 0 in %s at %s:%d", name, len(engines), self.backend,
                  self.sender.where, address, port)
         return engines

@@ -2,7 +2,8 @@
 
 Trainer rank 0 owns a ``TCPStore`` (port 0 picks a free one); engine processes join as ranks
 ``1..world_size-1``. The group is constructed directly (``ProcessGroupGloo`` /
-``ProcessGroupNCCL`` over a ``PrefixStore``), so it never touches ``init_process_group``: the
+``ProcessGroupNCCL`` over the key layout SGLang's own groups use: :func:`group_store`), so it
+never touches ``init_process_group``: the
 trainer's own FSDP group and an engine's internals stay untouched. Gloo on CPU (loopback
 device when the master address is a loopback address), NCCL on GPU.
 """
@@ -66,16 +67,30 @@ def _is_loopback(address: str) -> bool:
         return address == "localhost"
 
 
+def group_store(store: Any, group_name: str, backend: str) -> Any:
+    """The group's key space in ``store``: the layout of SGLang's ``init_custom_process_group``
+    (torch's rendezvous, a ``PrefixStore(group_name)``, then ``_new_process_group_helper``'s
+    ``"<group>/"`` and ``"<device>/"`` prefixes, the device being the first its backend serves:
+    ``cpu`` for gloo, ``cuda`` for nccl), so a real SGLang server joins the group this builds. The
+    vLLM bridge (engines/vllm/bridge) builds the same, by hand."""
+    from torch.distributed.distributed_c10d import Backend, BackendConfig
+
+    device = next(iter(BackendConfig(Backend(backend)).get_device_backend_map()))
+    return dist.PrefixStore(f"{device}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store)))
+
+
 def new_group(backend: str, *, master_address: str, master_port: int, rank: int, world_size: int,
               group_name: str, timeout_s: float, store: Any = None) -> Any:
     """Join (rank > 0) or create (rank 0, ``store`` from :func:`master_store`) the group.
     Blocks until every rank has joined (run it in a thread)."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank {rank} is outside a group of world_size {world_size}")
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown process-group backend {backend!r}; allowed: {', '.join(BACKENDS)}")
     timeout = datetime.timedelta(seconds=timeout_s)
     if store is None:
         store = dist.TCPStore(master_address, master_port, world_size, is_master=False, timeout=timeout)
-    prefixed = dist.PrefixStore(f"miles/{group_name}", store)
+    prefixed = group_store(store, group_name, backend)
     if backend == "gloo":
         opts = dist.ProcessGroupGloo._Options()
         opts._timeout = timeout
@@ -83,11 +98,9 @@ def new_group(backend: str, *, master_address: str, master_port: int, rank: int,
                   else dist.ProcessGroupGloo.create_default_device())
         opts._devices = [device]
         return dist.ProcessGroupGloo(prefixed, rank, world_size, opts)
-    if backend == "nccl":
-        opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = timeout
-        return dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
-    raise ValueError(f"unknown process-group backend {backend!r}; allowed: {', '.join(BACKENDS)}")
+    opts = dist.ProcessGroupNCCL.Options()
+    opts._timeout = timeout
+    return dist.ProcessGroupNCCL(prefixed, rank, world_size, opts)
 
 
 def abort_group(group: Any) -> None:

@@ -23,6 +23,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from miles_engine.engines.http.wire import error_body
+from miles_engine.engines.protocol import served_tensors
 from miles_engine.errors import MilesError, did_you_mean
 from miles_engine.weights.receiver import DistributedReceiver, ReceiveError
 
@@ -95,7 +96,7 @@ def add_weight_sync_routes(app: FastAPI, engine: Any, *, update_lock: asyncio.Lo
         if isinstance(truncate, bool) or not isinstance(truncate, int) or truncate < 1:
             return _refused(f"truncate_size must be a positive integer, got {truncate!r}")
         async with update_lock:  # never read a half-copied update
-            tensors = model.state_dict()
+            tensors = served_tensors(engine) or {}
             if name not in tensors:
                 return _refused(f"Get parameter by name failed: no tensor {name!r}{did_you_mean(name, tensors)}")
             value = await asyncio.to_thread(_rows_as_float32, tensors[name], truncate)
@@ -112,5 +113,5 @@ def add_weight_sync_routes(app: FastAPI, engine: Any, *, update_lock: asyncio.Lo
         from miles_engine.weights.tensors import digests
 
         async with update_lock:  # never read a half-copied update
-            sums = await asyncio.to_thread(digests, model.state_dict(), names)
+            sums = await asyncio.to_thread(digests, served_tensors(engine) or {}, names)
         return JSONResponse({"checksums": sums, "weight_version": str(engine.weight_version)})

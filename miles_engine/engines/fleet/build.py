@@ -49,6 +49,16 @@ def check_transport(transport: str, groups: Sequence[EngineGroupConfig], kinds: 
                               f"{transport!r}")
 
 
+def check_on_update(mode: str, groups: Sequence[EngineGroupConfig], kinds: Sequence[EngineKind]) -> None:
+    """``rollout.on_update`` must be a pause mode every group's engines can honour (a kind lists the
+    ones it cannot in ``pause_modes_refused``: mode -> why)."""
+    for i, (group, kind) in enumerate(zip(groups, kinds)):
+        why = dict(getattr(kind, "pause_modes_refused", {}) or {}).get(mode)
+        if why:
+            raise ConfigError(f"rollout.on_update={mode!r} cannot be honoured by engines.{i}.kind={group.kind!r}: "
+                              f"{why}")
+
+
 async def start_fleet(groups: Sequence[EngineGroupConfig], kinds: Sequence[EngineKind], ctx: FleetContext,
                       stack: AsyncExitStack, options: FleetConfig | None = None) -> Router:
     """Every group's engines, started concurrently, behind one started router (torn down by ``stack``)."""

@@ -19,6 +19,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from miles_engine.components import Section
+from miles_engine.engines.embedded.options import SpeculativeOptions
+from miles_engine.engines.sglang_options import SGLangSpeculativeOptions
 
 _DEVICE = re.compile(r"^(cpu|cuda|cuda:\d+)$")
 
@@ -47,6 +49,12 @@ class EngineGroupConfig(Section):
     def replica_device(self, index: int) -> str:
         return f"cuda:{index}" if self.device == "cuda" and self.replicas > 1 else self.device
 
+    def replica_cuda_devices(self, index: int, per_replica: int) -> list[int]:
+        """The CUDA device indices replica ``index`` owns when each replica spans ``per_replica``
+        devices (tensor x pipeline x data parallel): disjoint, from ``cuda:N`` (0 for ``cuda``) on."""
+        first = int(self.device.partition(":")[2] or 0)
+        return list(range(first + index * per_replica, first + (index + 1) * per_replica))
+
 
 class EmbeddedKindOptions(Section):
     max_batch_size: int = Field(64, ge=1, description="most sequences decoded in one step")
@@ -59,6 +67,8 @@ class EmbeddedKindOptions(Section):
         description="the driver process's sys.setswitchinterval while an engine's decode thread shares its GIL "
         "with the event loop (Python's default is 5 ms: every socket, pipe or file call of the loop then "
         "waits up to that long for the GIL behind a forward pass); None leaves it alone")
+    speculative: SpeculativeOptions = Field(default_factory=SpeculativeOptions,
+                                            description="speculative decoding (exact), see docs/speculative.md")
 
 
 class ServerKindOptions(Section):
@@ -71,6 +81,8 @@ class ServerKindOptions(Section):
     max_request_retries: int = Field(3, ge=0, description="re-sends of a request whose engine died")
     engine_factory: str | None = Field(None, description="module:function building each process's engine "
                                        "(default: the embedded engine)")
+    speculative: SpeculativeOptions = Field(default_factory=SpeculativeOptions,
+                                            description="speculative decoding of each engine process (exact)")
 
 
 class SGLangKindOptions(Section):
@@ -79,13 +91,26 @@ class SGLangKindOptions(Section):
     dp_size: int = Field(1, ge=1)
     ep_size: int = Field(1, ge=1)
     mem_fraction_static: float | None = Field(None, gt=0, le=1)
+    speculative: SGLangSpeculativeOptions | None = Field(None, description="SGLang's speculative decoding "
+                                                         "(--speculative-* flags)")
     extra_args: list[str] = Field(default_factory=list, description="passed to sglang.launch_server verbatim")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_raw_speculation(cls, args: list[str]) -> list[str]:
+        if any(str(a).startswith("--speculative") for a in args):
+            raise ValueError("speculative decoding is set with options.speculative (typed, checked), not with "
+                             "--speculative-* flags in extra_args")
+        return args
     start_timeout_s: float = Field(900.0, gt=0)
 
 
 class ExternalKindOptions(Section):
-    urls: list[str] = Field(min_length=1, description="base URLs of SGLang-compatible servers (never launched, "
-                            "restarted or killed by the run); replicas must equal their number")
+    urls: list[str] = Field(min_length=1, description="base URLs of the servers (never launched, restarted or "
+                            "killed by the run); replicas must equal their number")
+    api: Literal["sglang", "vllm", "miles"] = Field(
+        "sglang", description="what they speak: sglang (SGLang), miles (our engine server: SGLang's API and more), "
+        "vllm (vLLM's OpenAI server with VLLM_SERVER_DEV_MODE=1; weights need the miles bridge, docs/vllm.md)")
     connect_timeout_s: float = Field(10.0, gt=0, description="each URL must answer /health within this at start")
 
     @field_validator("urls")

@@ -30,7 +30,8 @@ class EmbeddedKind:
                 EmbeddedEngine.from_model, source, dtype=group.dtype, device=group.replica_device(i),
                 max_batch_size=o.max_batch_size, num_threads=o.threads, seed=ctx.seed + i,
                 prompt_cache_tokens=o.prompt_cache_tokens, true_on_policy=ctx.true_on_policy,
-                weight_format=ctx.weight_format, weight_exceptions=ctx.weight_exceptions, kv_cache=ctx.kv_cache)
+                weight_format=ctx.weight_format, weight_exceptions=ctx.weight_exceptions, kv_cache=ctx.kv_cache,
+                speculative=o.speculative)
             engine.name = name if group.replicas == 1 else f"{name}-{i}"
             stack.push_async_callback(engine.aclose)
             engines.append(engine)

@@ -39,6 +39,23 @@ class FleetContext:
     launcher: EngineLauncher | None = None
     _model_dir: Path | None = field(default=None, repr=False)
 
+    def model_config(self) -> dict[str, Any] | None:
+        """The policy's Hugging Face config as a dict (an instance's, or a directory's config.json)."""
+        config = getattr(self.model, "config", None)
+        if config is not None and hasattr(config, "to_dict"):
+            return config.to_dict()
+        if isinstance(self.model, (str, Path)) and (Path(self.model) / "config.json").is_file():
+            import json
+
+            return json.loads((Path(self.model) / "config.json").read_text())
+        return None
+
+    def routed_experts_shape(self) -> tuple[int, int] | None:
+        """``(layers, top_k)`` for decoding the routed experts an SGLang-compatible server returns."""
+        from miles_engine.engines.http.wire import routed_experts_shape
+
+        return routed_experts_shape(self.model_config())
+
     def model_path(self) -> str:
         """A path another process can load the policy from (an instance is saved once)."""
         if isinstance(self.model, (str, Path)):
@@ -75,8 +92,20 @@ class EngineKind(Protocol):
 
     in_process: bool  # its engines live in the driver process (they can share tensors: colocated)
     transports: tuple[str, ...]  # the weight transports that can reach its engines
+    # optional: pause modes (rollout.on_update) its engines cannot honour -> why (see SGLANG_PAUSE_REFUSED)
+    # pause_modes_refused: Mapping[str, str]
 
     async def start(self, group: EngineGroupConfig, name: str, ctx: FleetContext,
                     stack: AsyncExitStack) -> list[RolloutEngine]:
         """Start the group's ``group.replicas`` engines; register their teardown on ``stack``."""
         ...
+
+
+# what a push may do to running requests where the engine is not ours (rollout.on_update)
+SGLANG_PAUSE_REFUSED = {
+    "wait": "SGLang's /pause_generation ends or keeps running requests (abort, retract, in_place) but has no mode "
+            "that lets them finish first; use retract or in_place"}
+VLLM_PAUSE_REFUSED = {
+    "in_place": "vLLM's keep mode continues frozen requests on the new weights without saying at which token the "
+                "weights changed, so their tokens' versions would be guessed; use retract (each is sent again "
+                "with its tokens so far: the same tokens, the KV recomputed) or wait"}

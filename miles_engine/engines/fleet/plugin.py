@@ -11,6 +11,8 @@ from miles_engine.engines.fleet.embedded import EmbeddedKind
 from miles_engine.engines.fleet.external import ExternalKind
 from miles_engine.engines.fleet.server import ServerKind
 from miles_engine.engines.fleet.sglang_kind import SGLangKind
+from miles_engine.engines.fleet.vllm_kind import VllmKind
+from miles_engine.engines.vllm.options import VllmKindOptions
 
 
 def _embedded(options: config.EmbeddedKindOptions) -> Any:
@@ -23,6 +25,10 @@ def _server(options: config.ServerKindOptions) -> Any:
 
 def _sglang(options: config.SGLangKindOptions) -> Any:
     return SGLangKind(options)
+
+
+def _vllm(options: VllmKindOptions) -> Any:
+    return VllmKind(options)
 
 
 def _external(options: config.ExternalKindOptions) -> Any:
@@ -38,6 +44,8 @@ def miles_register_engines() -> list[Component]:
                   "`miles serve` engine processes launched and supervised by the run (loopback)"),
         Component("sglang", _sglang, config.SGLangKindOptions,
                   "SGLang servers launched by the run (GPU machines; the sglang extra)"),
+        Component("vllm", _vllm, VllmKindOptions,
+                  "vLLM servers launched by the run from vLLM's own environment (loopback; ./dev.sh vllm)"),
         Component("external", _external, config.ExternalKindOptions,
                   "SGLang-compatible servers at URLs someone else runs (never launched or killed)"),
     ]

@@ -29,6 +29,8 @@ class ServerKind:
                           "prompt_cache_tokens": o.prompt_cache_tokens, "seed": ctx.seed + index,
                           "true_on_policy": ctx.true_on_policy, "weight_format": ctx.weight_format,
                           "weight_exceptions": list(ctx.weight_exceptions), "kv_cache": ctx.kv_cache}
+        if o.speculative.enabled:
+            engine_options["speculative"] = o.speculative.model_dump()
         return server_command(ctx.model_path(), engine_factory=o.engine_factory, dtype=group.dtype,
                               threads=o.threads, extra=["--engine-options", json.dumps(engine_options),
                                                            "--exit-with-parent"])

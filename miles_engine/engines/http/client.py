@@ -60,6 +60,16 @@ class HttpEngine:
     def __repr__(self) -> str:
         return f"HttpEngine({self.base_url!r})"
 
+    @property
+    def weight_checksums_supported(self) -> bool:
+        """The server hashes its own tensors (``/miles/weight_checksums``: ours, not SGLang)."""
+        return self.is_miles_server
+
+    @property
+    def takes_flat_buckets(self) -> bool:
+        """The server receives a broadcast bucket as one flat uint8 buffer (``load_format=miles_flat``)."""
+        return self.is_miles_server
+
     # ------------------------------------------------------------------ plumbing
     def _timeout(self, kind: str) -> httpx.Timeout:
         return httpx.Timeout(self._timeouts[kind], connect=self._connect_timeout)
@@ -139,7 +149,10 @@ class HttpEngine:
         return result
 
     async def pause(self, mode: PauseMode = "retract") -> None:
-        self._raise_for(await self._call("POST", "/pause_generation", json={"mode": mode}), "pause_generation")
+        # wait: answered once the running requests have finished, as long as a generation may take
+        kind = "generate" if mode == "wait" else "control"
+        self._raise_for(await self._call("POST", "/pause_generation", json={"mode": mode}, kind=kind),
+                        "pause_generation")
 
     async def resume(self) -> None:
         self._raise_for(await self._call("POST", "/continue_generation", json={}), "continue_generation")

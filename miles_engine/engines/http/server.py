@@ -41,12 +41,11 @@ from miles_engine import __version__
 from miles_engine.engines.errors import EngineUnavailable
 from miles_engine.engines.http import scoring, tensors, wire
 from miles_engine.engines.http.wire import BadRequest, error_body
-from miles_engine.engines.protocol import GenerateRequest, RolloutEngine, SamplingParams
+from miles_engine.engines.protocol import PAUSE_MODES, GenerateRequest, RolloutEngine, SamplingParams
 from miles_engine.errors import MilesError
 from miles_engine.fastapi_app import new_fastapi_app
 
 log = logging.getLogger(__name__)
-PAUSE_MODES = ("abort", "retract", "in_place")
 HEALTH_TIMEOUT_S = 20.0
 
 

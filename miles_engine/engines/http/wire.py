@@ -244,6 +244,20 @@ def encode_routed_experts(rows: Sequence[Sequence[Sequence[int]]]) -> tuple[str,
     return base64.b64encode(arr.tobytes()).decode("ascii"), list(arr.shape)
 
 
+def routed_experts_shape(config: Mapping[str, Any] | None) -> tuple[int, int] | None:
+    """``(layers, top_k)`` of an MoE model's routed experts as SGLang sends them (one row of top-k
+    ids per decoder layer: Miles reads them so), from its Hugging Face config; None for a dense model."""
+    if not config:
+        return None
+    top_k = next((config[k] for k in ("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts")
+                  if isinstance(config.get(k), int) and config[k] > 0), None)
+    layers = config.get("num_hidden_layers")
+    if top_k is None or not isinstance(layers, int) or not (config.get("num_experts") or config.get("n_routed_experts")
+                                                             or config.get("num_local_experts")):
+        return None
+    return layers, int(top_k)
+
+
 def decode_routed_experts(data: str, shape: Sequence[int] | None, completion_tokens: int,
                           moe_shape: tuple[int, int] | None) -> list[list[list[int]]]:
     import numpy as np

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from miles_engine.engines.protocol import TensorMeta
+from miles_engine.engines.protocol import TensorMeta, served_tensors
 from miles_engine.weights.check.errors import WeightCheckError
 from miles_engine.weights.protocol import engine_name
 
@@ -37,7 +37,7 @@ class EngineReader:
         return None
 
     async def tensors(self, names: Sequence[str], meta: Mapping[str, TensorMeta]) -> dict[str, torch.Tensor]:
-        live = self.engine.model.state_dict()
+        live = served_tensors(self.engine) or {}
         return {n: live[n].detach() for n in names if n in live}
 
 
@@ -95,7 +95,7 @@ def reader_for(engine: Any, index: int) -> EngineReader:
     model = getattr(engine, "model", None)
     if model is not None and hasattr(model, "state_dict"):
         return EngineReader(engine, name)
-    if getattr(engine, "is_miles_server", False) and hasattr(engine, "weight_checksums"):
+    if getattr(engine, "weight_checksums_supported", False) and hasattr(engine, "weight_checksums"):
         return RemoteReader(engine, name, checksums=True)
     if hasattr(engine, "get_weights_by_name"):
         return RemoteReader(engine, name, checksums=False)

@@ -60,7 +60,7 @@ class DeltaSyncRequest(Section):
     engine: str = Field(min_length=1, description="lease name of this engine")
     local_dir: str | None = None
     snapshot_every: int = Field(1, ge=1)
-    pause_mode: Literal["abort", "retract", "in_place"] = "retract"
+    pause_mode: Literal["abort", "retract", "in_place", "wait"] = "retract"
     pull_timeout_s: float = Field(60.0, gt=0)
     resync: bool = Field(False, description="the engine may have restarted or loaded other weights: if its copy "
                          "does not match what it serves, rebuild the copy and load the version in full")

@@ -34,7 +34,7 @@ class DiskDeltaOptions(Section):
         "protects them for lease_ttl_s while it is down)")
     lease_ttl_s: float = Field(600.0, gt=0, description="an engine lease older than this is dead: it no longer "
                                "protects versions from garbage collection")
-    pause_mode: Literal["abort", "retract", "in_place"] = "retract"
+    pause_mode: Literal["abort", "retract", "in_place", "wait"] = "retract"  # rollout.on_update sets it
     pull_timeout_s: float = Field(60.0, gt=0, description="how long an engine waits for a version's index")
     apply_on: Literal["auto", "trainer", "engine"] = Field(
         "auto", description="where deltas are pulled and patched. engine: each engine server pulls from the "

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from miles_engine.engines.protocol import served_tensors
 from miles_engine.errors import ConfigError
 from miles_engine.weights.disk_delta import baseline as baseline_mod
 from miles_engine.weights.disk_delta import chain, codec
@@ -71,12 +72,12 @@ class DiskDeltaTransport:
     # ------------------------------------------------------------------ baseline
     def _baseline_tensors(self) -> dict[str, Any]:
         engine = engines_of(self.targets)[0]
-        model = getattr(engine, "model", None)
-        if model is None or not hasattr(model, "state_dict"):
+        live = served_tensors(engine)
+        if live is None:
             raise ConfigError(f"weights.disk_delta.baseline is not set and {engine_name(engine, 0)} "
                               f"({type(engine).__name__}) does not expose its tensors: point baseline at the "
                               f"safetensors checkpoint the engines were started from")
-        return dict(model.state_dict())
+        return live
 
     def _open(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,17 @@
-"""Source of a fake ``sglang.launch_server`` (stdlib only) with real SGLang's response shapes
-as of the versions that report one ``weight_version`` per request and no ``output_ids``.
+"""Source of a fake ``sglang.launch_server`` with real SGLang's response shapes as of the versions
+that report one ``weight_version`` per request and no ``output_ids``, and SGLang's weight routes
+as its HTTP server defines them: ``/init_weights_update_group`` (joined the way SGLang's
+``init_custom_process_group`` does: torch's rendezvous, ``PrefixStore(group_name)``,
+``_new_process_group_helper``), ``/update_weights_from_distributed`` (one ``dist.broadcast`` per
+tensor, loaded at once), ``/destroy_weights_update_group``, ``/update_weights_from_disk`` (loads
+the safetensors files), ``/get_weights_by_name`` (the first ``truncate_size`` rows as float lists),
+``/pause_generation`` and ``/continue_generation``. Its "model" is a dict of tensors (torch is imported
+by those routes only; the rest is stdlib).
 
 Tests write it to ``<tmp>/sglang/launch_server.py`` and put ``<tmp>`` on PYTHONPATH. Env knobs:
 FAKE_SGLANG_DIR (where it records argv, pids, weight-update listings), FAKE_SGLANG_FAIL,
-FAKE_SGLANG_HANG, FAKE_SGLANG_IGNORE_TERM.
+FAKE_SGLANG_HANG, FAKE_SGLANG_IGNORE_TERM, FAKE_SGLANG_CORRUPT (a tensor name it adds 1 to after
+each update: what check-weight-update-equal must catch).
 """
 
 SOURCE = r'''
@@ -26,7 +34,53 @@ child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 open(os.path.join(out, "pids"), "w").write(f"{os.getpid()} {child.pid}")
 if os.environ.get("FAKE_SGLANG_HANG"):
     time.sleep(600)
-state = {"version": args.weight_version}
+state = {"version": args.weight_version, "weights": {}, "groups": {}, "paused": None}
+
+
+def _corrupt():
+    name = os.environ.get("FAKE_SGLANG_CORRUPT")
+    if name and name in state["weights"]:
+        state["weights"][name] = state["weights"][name] + 1
+
+
+def init_group(body):
+    import datetime
+    from torch.distributed.distributed_c10d import Backend, PrefixStore, _new_process_group_helper, _world, rendezvous
+    timeout = datetime.timedelta(seconds=120)
+    url = f"tcp://{body['master_address']}:{body['master_port']}"
+    store, rank, world = next(rendezvous(url, body["rank_offset"], body["world_size"], timeout=timeout))
+    store.set_timeout(timeout)
+    name = body.get("group_name", "weight_update_group")
+    pg, _ = _new_process_group_helper(world, rank, [], Backend(body.get("backend", "nccl")), PrefixStore(name, store),
+                                      group_name=name, timeout=timeout)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world)}
+    state["groups"][name] = pg
+
+
+def receive(body):
+    import torch
+    import torch.distributed as dist
+    pg = state["groups"].get(body.get("group_name", "weight_update_group"))
+    if pg is None:
+        return False, "no such group"
+    received = {}
+    for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):
+        t = torch.empty(shape, dtype=getattr(torch, str(dtype).removeprefix("torch.")))
+        dist.broadcast(t, src=0, group=pg)
+        received[name] = t
+    state["weights"].update(received)
+    _corrupt()
+    if body.get("weight_version") is not None:
+        state["version"] = body["weight_version"]
+    return True, "Succeeded to update parameter online."
+
+
+def load_disk(path):
+    from safetensors.torch import load_file
+    for f in sorted(os.listdir(path)):
+        if f.endswith(".safetensors"):
+            state["weights"].update(load_file(os.path.join(path, f)))
+    _corrupt()
 
 class H(BaseHTTPRequestHandler):
     def log_message(self, *a):
@@ -66,12 +120,35 @@ class H(BaseHTTPRequestHandler):
         if self.path == "/update_weights_from_disk":
             json.dump({"path": body["model_path"], "files": sorted(os.listdir(body["model_path"]))},
                       open(os.path.join(out, "update.json"), "w"))
+            load_disk(body["model_path"])
             state["version"] = body.get("weight_version") or state["version"]
             return self._send(200, {"success": True, "message": "ok", "num_paused_requests": 0})
+        if self.path == "/init_weights_update_group":
+            try:
+                init_group(body)
+            except Exception as exc:
+                return self._send(400, {"success": False, "message": f"Failed to init group: {exc}"})
+            return self._send(200, {"success": True, "message": "Succeeded to initialize custom process group."})
+        if self.path == "/update_weights_from_distributed":
+            ok, message = receive(body)
+            return self._send(200 if ok else 400, {"success": ok, "message": message})
+        if self.path == "/destroy_weights_update_group":
+            ok = state["groups"].pop(body.get("group_name", "weight_update_group"), None) is not None
+            return self._send(200 if ok else 400, {"success": ok, "message": "destroyed" if ok else "no such group"})
+        if self.path == "/get_weights_by_name":
+            t = state["weights"].get(body.get("name"))
+            if t is None:
+                return self._send(400, {"error": {"message": f"no parameter {body.get('name')!r}"}})
+            rows = t[: int(body.get("truncate_size", 100))] if t.dim() else t
+            return self._send(200, rows.float().tolist())
         if self.path in ("/abort_request",):
             return self._send(200)
-        if self.path in ("/pause_generation", "/continue_generation"):
-            return self._send(200, {"message": "ok", "status": "ok"})
+        if self.path == "/pause_generation":
+            state["paused"] = body.get("mode", "abort")
+            return self._send(200, {"message": "Generation paused successfully.", "status": "ok"})
+        if self.path == "/continue_generation":
+            state["paused"] = None
+            return self._send(200, {"message": "Generation continued successfully.", "status": "ok"})
         self._send(404, {"detail": "Not Found"})
 
 ThreadingHTTPServer((args.host, args.port), H).serve_forever()

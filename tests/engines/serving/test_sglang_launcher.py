@@ -118,3 +118,31 @@ def test_stop_escalates_to_sigkill(fake_env: dict[str, str]) -> None:
         await server.start()
         assert await server.stop(grace_s=0.3) == -9
     asyncio.run(main())
+
+
+def test_broadcast_and_check_update_equal_against_sglangs_weight_routes(fake_env: dict[str, str]) -> None:
+    """The broadcast transport into a server that joins the group and takes buckets as SGLang does,
+    with check-weight-update-equal read back through ``/get_weights_by_name``; then a server that
+    corrupts one tensor on every update: the check names it."""
+    from miles_engine.weights.broadcast import BroadcastTransport
+    from miles_engine.weights.check.errors import WeightCheckError
+    from miles_engine.weights.check.transport import CheckedTransport
+
+    gen = torch.Generator().manual_seed(0)
+    weights = {"model.embed_tokens.weight": torch.randn(16, 8, generator=gen),
+               "model.layers.0.mlp.up_proj.weight": torch.randn(24, 8, generator=gen),
+               "model.norm.weight": torch.ones(8)}
+
+    async def push(env: dict[str, str]) -> int:
+        async with SGLangServer(SGLangLaunchConfig("/models/fake", env=env, start_timeout_s=60)) as engine:
+            transport = CheckedTransport(BroadcastTransport([engine], backend="gloo", timeout_s=120), [engine])
+            try:
+                stats = await transport.push(list(weights.items()), 1)
+            finally:
+                await transport.close()
+            assert engine.weight_version == 1 and await engine.fetch_weight_version() == 1
+            return stats.tensors_checked
+
+    assert asyncio.run(push(fake_env)) == len(weights)
+    with pytest.raises(WeightCheckError, match=r"model\.layers\.0\.mlp\.up_proj\.weight"):
+        asyncio.run(push({**fake_env, "FAKE_SGLANG_CORRUPT": "model.layers.0.mlp.up_proj.weight"}))
