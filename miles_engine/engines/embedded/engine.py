@@ -20,6 +20,9 @@ Semantics worth knowing:
   (``prompt_tokens - 1`` rows), so together they are SGLang's full ``seqlen - 1`` rows.
 - ``session_id``: prefix reuse, see ``sessions``; ``cached_tokens`` = reused prompt tokens.
 - ``update_weights`` while not paused applies between two steps (like ``in_place``).
+- ``options.speculative`` (n-gram or draft-model proposals, verified in one forward): the same
+  tokens (greedy) or the same distribution (sampled), the policy's log-probs; ``draft.*`` tensors
+  in an update go to the draft model. See ``docs/speculative.md``.
 - ``info``: ``session_hit``, ``session_hit_rate`` (engine-wide, session requests only),
   ``retractions``, ``latency_s``, ``ttft_s``, ``abort_message``, ``prompt_routed_experts``.
 """
@@ -37,6 +40,7 @@ import torch
 from pydantic import ValidationError
 
 from miles_engine.engines.embedded import weights as W
+from miles_engine.engines.embedded.draft import DraftWeights, load_draft, use_packed_gqa
 from miles_engine.engines.embedded.held_format import HeldFormat
 from miles_engine.precision.quantizer import kv_fp8
 from miles_engine.engines.embedded.options import EmbeddedEngineOptions
@@ -44,18 +48,24 @@ from miles_engine.engines.embedded.prompt_scoring import score_prompt
 from miles_engine.engines.embedded.runner import ModelRunner
 from miles_engine.engines.embedded.sampler import RowParams
 from miles_engine.engines.embedded.scheduler import Scheduler
+from miles_engine.engines.embedded.speculative import build_decoder
 from miles_engine.engines.embedded.sequence import Sequence
 from miles_engine.engines.errors import EngineUnavailable
-from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, SamplingParams, TensorMeta
+from miles_engine.engines.protocol import (
+    PAUSE_MODES,
+    GenerateRequest,
+    GenerateResult,
+    PauseMode,
+    SamplingParams,
+    TensorMeta,
+)
 from miles_engine.errors import ConfigError, EngineRequestError
 from miles_engine.models.loading import load_model
 
-_PAUSE_MODES = ("abort", "retract", "in_place")
-
 
 def _check_pause_mode(mode: str) -> None:
-    if mode not in _PAUSE_MODES:
-        raise EngineRequestError(f"unknown pause mode {mode!r}; allowed: {', '.join(_PAUSE_MODES)}")
+    if mode not in PAUSE_MODES:
+        raise EngineRequestError(f"unknown pause mode {mode!r}; allowed: {', '.join(PAUSE_MODES)}")
 
 
 def _eos_ids(model: Any) -> frozenset[int]:
@@ -97,6 +107,8 @@ class EmbeddedEngine:
                 raise ConfigError(f"engine true_on_policy: {exc}") from None
         elif getattr(config, "_attn_implementation", None) not in ("sdpa", "eager", "batch_invariant"):
             model.set_attn_implementation("sdpa")  # our 4-D ragged masks need sdpa or eager (or batch_invariant)
+        if self.options.speculative.enabled and getattr(config, "_attn_implementation", None) == "sdpa":
+            use_packed_gqa(model)  # verify forwards are multi-token queries against the cache
         pad = getattr(config, "pad_token_id", None)
         pad = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else 0
         self._kv_quant = kv_fp8 if self.options.kv_cache == "fp8" else None
@@ -107,12 +119,19 @@ class EmbeddedEngine:
         self._meta = W.metadata(self._tensors, self._held.formats())
         self._seeds = itertools.count()
         self._closed = False
+        spec = self.options.speculative
+        self._draft_runner = (load_draft(spec.draft_model, self._runner, self.vocab_size, self.options.seed)
+                              if spec.method == "draft" else None)
+        self._draft = DraftWeights(self._draft_runner, method=spec.method, served=spec.train)
+        if spec.train:  # the trainer pushes the draft with the policy: its tensors are served names too
+            self._meta = self._meta + self._draft.metadata()
+        self._speculator = build_decoder(spec, self._draft_runner, self.options.max_prefill_tokens)
         self._sched = Scheduler(
             self._runner, max_batch_size=self.options.max_batch_size,
             max_prefill_tokens=self.options.max_prefill_tokens,
             session_cache_tokens=self.options.session_cache_tokens,
             prompt_cache_tokens=self.options.prompt_cache_tokens,
-            num_threads=self.options.num_threads, tensors=self._tensors)
+            num_threads=self.options.num_threads, tensors=self._tensors, speculator=self._speculator)
 
     @classmethod
     def from_model(cls, source: Any, *, dtype: str = "float32", device: str = "cpu", max_batch_size: int = 64,
@@ -149,6 +168,16 @@ class EmbeddedEngine:
     def weight_metadata(self) -> list[TensorMeta]:
         return list(self._meta)
 
+    def draft_weight_metadata(self) -> list[TensorMeta]:
+        """The speculative draft's tensors, named ``draft.<name>`` as an update carries them
+        (empty without a draft model): a trainer that co-trains the draft pushes them along."""
+        return self._draft.metadata()
+
+    def served_tensors(self) -> dict[str, torch.Tensor]:
+        """The live tensors under the names a push carries: the policy's, and ``draft.*`` when the
+        draft is co-trained (what a weight check reads back)."""
+        return {**self.model.state_dict(), **self._draft.served_tensors()}
+
     def stats(self) -> dict[str, Any]:
         """Counters (requests, steps, tokens, mean batch), session-cache hit rates, memory."""
         s = self._sched
@@ -156,8 +185,14 @@ class EmbeddedEngine:
         c["mean_batch"] = c["batch_rows"] / c["steps"] if c["steps"] else 0.0
         c.update(s.sessions.stats())
         c.update(s.prompts.stats())
+        if self._speculator is not None:
+            c.update(self._speculator.counters.stats())
+            c["spec_method"] = self.options.speculative.method
+            c["spec_draft_updates"] = self._draft.updates
         c.update(running=len(s.running), waiting=len(s.waiting), paused=s.paused, weight_version=s.version,
-                 busy_s=s.busy_s, kv_batch_bytes=self._runner.batch.nbytes())
+                 busy_s=s.busy_s, decode_s=s.decode_s, kv_batch_bytes=self._runner.batch.nbytes())
+        if c["decode_tokens"] and s.decode_s > 0:
+            c["decode_tokens_per_s"] = c["decode_tokens"] / s.decode_s
         return c
 
     async def health(self) -> bool:
@@ -271,9 +306,21 @@ class EmbeddedEngine:
         """Stop stepping. ``abort``: in-flight and queued requests finish with ``abort``;
         ``retract``: running requests drop their KV and go back to the queue, to be
         re-prefilled (prompt + tokens so far) after :meth:`resume`; ``in_place``: they keep
-        their KV and continue after :meth:`resume`. New requests queue while paused."""
+        their KV and continue after :meth:`resume`; ``wait``: nothing new is admitted and this
+        returns once the running requests have finished. New requests queue while paused."""
         _check_pause_mode(mode)
-        await self._call(lambda: self._sched.pause(mode))
+        if mode != "wait":
+            await self._call(lambda: self._sched.pause(mode))
+            return
+        loop = asyncio.get_running_loop()
+        drained = loop.create_future()
+
+        def tell() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+                loop.call_soon_threadsafe(lambda: drained.done() or drained.set_result(None))
+
+        await self._call(lambda: self._sched.pause("wait", tell))
+        await drained
 
     async def resume(self) -> None:
         await self._call(self._sched.resume)
@@ -289,10 +336,23 @@ class EmbeddedEngine:
         between two forward passes; the version becomes ``version`` or the old one + 1, and the
         session prefix cache is dropped. Returns the new version."""
         if isinstance(weights, (str, Path)):
-            tensors = await asyncio.to_thread(W.from_safetensors, Path(weights), self._tensors)
+            updatable = self.served_tensors() if self.options.speculative.train else self._tensors
+            loaded = await asyncio.to_thread(W.from_safetensors, Path(weights), updatable)
+            tensors, draft = self._draft.split(loaded)
         else:
-            tensors = self._held.incoming(weights, self._tensors)
-        return await self._call(lambda: self._sched.update_weights(tensors, version))
+            weights, draft = self._draft.split(weights)
+            tensors = self._held.incoming(weights, self._tensors) if weights or not draft else {}
+        return await self._call(lambda: self._apply_update(tensors, draft, version))
+
+    def _apply_update(self, tensors: dict[str, torch.Tensor], draft: dict[str, torch.Tensor],
+                      version: int | None) -> int:
+        """On the engine thread. Only draft tensors: the policy and its version stay as they are."""
+        if draft:
+            self._draft.apply(draft)
+            self._speculator.proposer.reset()  # type: ignore[union-attr]
+        if not tensors:
+            return self._sched.version
+        return self._sched.update_weights(tensors, version)
 
     async def swap_weights(self, weights: Mapping[str, Any], *, version: int | None = None,
                            pause_mode: PauseMode = "retract") -> int:
@@ -300,14 +360,23 @@ class EmbeddedEngine:
         of the engine thread: one stop between two forward passes instead of three round trips
         (each waits for the current forward). An engine paused before stays paused."""
         _check_pause_mode(pause_mode)
-        tensors = self._held.incoming(weights, self._tensors)
+        weights, draft = self._draft.split(weights)
+        tensors = self._held.incoming(weights, self._tensors) if weights or not draft else {}
         sched = self._sched
+        if pause_mode == "wait":  # the running requests finish on the old weights first
+            was_paused = sched.paused
+            await self.pause("wait")
+            try:
+                return await self._call(lambda: self._apply_update(tensors, draft, version))
+            finally:
+                if not was_paused:
+                    await self.resume()
 
         def swap() -> int:
             was_paused = sched.paused
             sched.pause(pause_mode)
             try:
-                return sched.update_weights(tensors, version)
+                return self._apply_update(tensors, draft, version)
             finally:
                 if not was_paused:
                     sched.resume()
@@ -323,3 +392,5 @@ class EmbeddedEngine:
             self._sched.post("close")
         await asyncio.to_thread(self._sched.thread.join, 30.0)
         self._runner.capture.close()
+        if self._draft_runner is not None:
+            self._draft_runner.capture.close()

@@ -153,6 +153,51 @@ class RaggedKV(Cache):
         out = torch.zeros(mask.shape, dtype=float_dtype, device=self.device)
         return out.masked_fill_(~mask, torch.finfo(float_dtype).min)
 
+    def keep_new(self, keep: list[int], q: int) -> None:
+        """Speculative rollback after a forward over ``q`` columns: row ``r`` keeps the first
+        ``keep[r]`` of them, the rest become holes; columns no row keeps are given back."""
+        if q <= 0 or self.rows == 0:
+            return
+        first = self.t1 - q
+        kept = torch.tensor(keep, device=self.device)[:, None]
+        cols = torch.arange(q, device=self.device)[None, :]
+        self.valid[: self.rows, first : self.t1] &= cols < kept
+        new_t1 = first + max(keep)
+        self.valid[:, new_t1 : self.t1] = False
+        self.t1 = new_t1
+        if self.width > 2 * self.longest_row() + 64:
+            self.compact()
+
+    def longest_row(self) -> int:
+        if self.rows == 0:
+            return 0
+        return int(self.valid[: self.rows, self.t0 : self.t1].sum(1).max())
+
+    def compact(self) -> None:
+        """Right-align every row's valid columns at t1 (column order kept), dropping the holes
+        speculative rollbacks leave behind; the window shrinks to the longest row."""
+        if self.rows == 0:
+            return
+        window = self.valid[: self.rows, self.t0 : self.t1]
+        counts = window.sum(1)
+        w = int(counts.max())
+        # stable sort: holes first, then the valid columns in their order
+        order = torch.sort(window.to(torch.int8), dim=1, stable=True).indices[:, window.shape[1] - w :]
+        src = order + self.t0
+        valid = torch.gather(self.valid[: self.rows], 1, src)
+        pos = torch.gather(self.pos[: self.rows], 1, src)
+        for bufs in (self.k, self.v):
+            for i, buf in enumerate(bufs):
+                if buf is None:
+                    continue
+                idx = src[:, None, :, None].expand(self.rows, buf.shape[1], w, buf.shape[3])
+                moved = torch.gather(buf[: self.rows], 2, idx)
+                buf[: self.rows, :, self.t1 - w : self.t1] = moved
+        self.valid[: self.rows, self.t0 : self.t1] = False
+        self.valid[: self.rows, self.t1 - w : self.t1] = valid
+        self.pos[: self.rows, self.t1 - w : self.t1] = pos
+        self.t0 = self.t1 - w
+
     # ------------------------------------------------------------------ rows
     def add_rows(self, src: RaggedKV, which: list[int] | None = None) -> list[int]:
         """Copy rows of ``src`` in (right-aligned at t1, holes kept); returns their new row indices."""

@@ -2,11 +2,57 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from miles_engine.precision.config import StageFormat
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class SpeculativeOptions(BaseModel):
+    """Speculative decoding: a proposer guesses up to ``num_tokens`` next tokens of every running
+    row, the policy checks them all in one forward and keeps what exact speculative sampling
+    accepts (greedy: identical output; T > 0: the same distribution; log-probs the policy's)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    method: Literal["none", "ngram", "draft"] = Field(
+        "none", description="none; ngram: copy what followed an earlier occurrence of the sequence's last n "
+        "tokens (prompt included); draft: a small model on the same tokenizer proposes")
+    num_tokens: int = Field(4, ge=1, le=16, description="tokens proposed per row and step")
+    prompt_lookup_min: int = Field(1, ge=1, le=64, description="ngram: shortest suffix matched")
+    prompt_lookup_max: int = Field(4, ge=1, le=64, description="ngram: longest suffix matched (tried first)")
+    backoff: bool = Field(
+        True, description="a row whose proposals were all rejected twice in a row stops proposing for 1, 2, 4, "
+        "... 32 steps (then tries again): rejected proposals are pure cost (exactness does not depend on it)")
+    draft_model: str | dict[str, Any] | None = Field(
+        None, description="draft: the draft model, in any form the engine takes its model (directory, .gguf, "
+        "config.json, tiny: spec, config dict); its vocabulary must be the policy's")
+    train: bool = Field(
+        False, description="draft: train the draft alongside the policy -- every step on the tokens the policy "
+        "sampled (next-token cross-entropy: the draft learns the current policy's distribution, which is what "
+        "acceptance measures), pushed to the engines with the policy's weights")
+    train_lr: float = Field(1e-4, gt=0, le=1, description="train: the draft's AdamW learning rate")
+    train_epochs: int = Field(1, ge=1, le=16, description="train: passes over each step's sampled rows")
+    train_batch_tokens: int = Field(8192, ge=64, description="train: padded tokens per micro-batch")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SpeculativeOptions:
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(f"prompt_lookup_min ({self.prompt_lookup_min}) is larger than prompt_lookup_max "
+                             f"({self.prompt_lookup_max})")
+        if self.method == "draft" and self.draft_model is None:
+            raise ValueError("method 'draft' needs draft_model (the draft model's path or spec)")
+        if self.method != "draft" and self.draft_model is not None:
+            raise ValueError(f"draft_model is only read by method 'draft', not {self.method!r}")
+        if self.train and self.method != "draft":
+            raise ValueError(f"train: true trains a draft model: it needs method 'draft' (with draft_model), "
+                             f"not {self.method!r}")
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "none"
 
 
 class EmbeddedEngineOptions(BaseModel):
@@ -49,3 +95,6 @@ class EmbeddedEngineOptions(BaseModel):
         "and head (precision.kv_cache); prompt scoring reads them the same way")
     weight_exceptions: tuple[str, ...] = Field((), description="weight names (fnmatch) kept in high precision "
                                                "(precision.exceptions)")
+    speculative: SpeculativeOptions = Field(
+        default_factory=SpeculativeOptions, description="speculative decoding (exact: the policy's tokens and "
+        "log-probs); works with true_on_policy, the caches, sessions and R3 recording")

@@ -38,7 +38,7 @@ class ModelRunner:
         self.num_layers = int(text.num_hidden_layers)
         self.capture = RouterCapture(model)
         attn = getattr(config, "_attn_implementation", None) or "eager"
-        self.float_mask = None if attn in ("sdpa", "batch_invariant") else self.dtype
+        self.float_mask = None if attn in ("sdpa", "miles_sdpa", "batch_invariant") else self.dtype
         self.invariant = attn == "batch_invariant"  # true on-policy: the sampler's log-softmax too
         layer_types = list(getattr(text, "layer_types", None) or [])
         window = getattr(text, "sliding_window", None)
@@ -62,12 +62,13 @@ class ModelRunner:
             return {"full_attention": full, "sliding_attention": sliding}
         return sliding
 
-    def _forward(self, cache: RaggedKV, ids: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor):
+    def _forward(self, cache: RaggedKV, ids: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor,
+                 all_logits: bool = False):
         cache.begin_forward(valid, pos)
         kwargs: dict[str, Any] = dict(input_ids=ids, position_ids=pos, attention_mask=self._mask(cache, ids.shape[1]),
                                       use_cache=True)
         kwargs[self.cache_arg] = cache
-        if self.keep_arg:
+        if self.keep_arg and not all_logits:
             kwargs["logits_to_keep"] = 1
         self.capture.start()
         try:
@@ -78,7 +79,7 @@ class ModelRunner:
             raise
         cache.end_forward()
         routing = self.capture.take(ids.shape[0], ids.shape[1])
-        return out.logits[:, -1, :], routing
+        return (out.logits if all_logits else out.logits[:, -1, :]), routing
 
     def prefill(self, items: list[PrefillItem]) -> tuple[torch.Tensor, list[torch.Tensor | None], RaggedKV]:
         """Run the new tokens of ``items`` (each after its cached prefix, if any) as one
@@ -109,3 +110,11 @@ class ModelRunner:
         valid = torch.ones_like(ids, dtype=torch.bool)
         logits, routing = self._forward(self.batch, ids, pos, valid)
         return logits, (routing[:, 0] if routing is not None else None)
+
+    def forward_rows(self, cache: RaggedKV, ids: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor,
+                     *, all_logits: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One forward of ``q = ids.shape[1]`` columns for every row of ``cache`` (``valid``
+        False: a pad column, attended by nobody). Returns logits [rows, q, vocab] when
+        ``all_logits`` (else the last column's [rows, vocab]) and routing [rows, q, layers, top_k]."""
+        dev = self.device
+        return self._forward(cache, ids.to(dev), pos.to(dev), valid.to(dev), all_logits=all_logits)

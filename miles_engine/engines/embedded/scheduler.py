@@ -4,9 +4,10 @@ One dedicated thread owns the model, the running batch and the session cache. Ea
 it (1) runs the commands queued by the event-loop side (new requests, abort, pause, resume,
 weight updates — so they always land *between* two forward passes), then, unless paused,
 (2) admits waiting requests up to ``max_batch_size`` — batched prefill, first token sampled,
-rows join the running batch — and (3) runs one decode step for every running row. A finished
-request leaves the batch at once and its result goes back to the caller's loop with
-``call_soon_threadsafe``.
+rows join the running batch — and (3) runs one decode step for every running row (with
+``options.speculative``: propose, verify in one forward, keep what exact speculative sampling
+accepts; see ``speculative``). A finished request leaves the batch at once and its result goes
+back to the caller's loop with ``call_soon_threadsafe``.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from miles_engine.engines.embedded.runner import ModelRunner, PrefillItem
 from miles_engine.engines.embedded.sampler import sample
 from miles_engine.engines.embedded.sequence import Sequence, resolve
 from miles_engine.engines.embedded.sessions import SessionEntry, SessionHit, SessionStore
+from miles_engine.engines.embedded.speculative import SpeculativeDecoder
 from miles_engine.engines.errors import EngineUnavailable
 from miles_engine.engines.protocol import FinishReason, PauseMode
 
@@ -34,8 +36,9 @@ log = logging.getLogger(__name__)
 class Scheduler:
     def __init__(self, runner: ModelRunner, *, max_batch_size: int, max_prefill_tokens: int,
                  session_cache_tokens: int, num_threads: int | None, tensors: dict[str, torch.Tensor],
-                 prompt_cache_tokens: int = 0) -> None:
+                 prompt_cache_tokens: int = 0, speculator: SpeculativeDecoder | None = None) -> None:
         self.runner = runner
+        self.speculator = speculator  # None: one token per row and step
         self.max_batch_size = max_batch_size
         self.max_prefill_tokens = max_prefill_tokens
         self.num_threads = num_threads
@@ -44,12 +47,15 @@ class Scheduler:
         self.prompts = SessionStore(prompt_cache_tokens, name="prompt")
         self.version = 0
         self.paused = False
+        self._drained: list[Callable[[], None]] = []  # pause("wait") callers, told once nothing runs
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []  # running[i].row == i
         self.by_id: dict[str, Sequence] = {}
         self.counters = dict(requests=0, finished=0, aborted=0, steps=0, output_tokens=0, prefill_forwards=0,
-                             prefill_tokens=0, batch_rows=0, retracted=0, weight_updates=0, errors=0)
+                             prefill_tokens=0, batch_rows=0, retracted=0, kept_in_place=0, weight_updates=0,
+                             errors=0, decode_tokens=0)
         self.busy_s = 0.0
+        self.decode_s = 0.0  # of busy_s: in decode steps (speculative: proposing and verifying)
         self._inbox: deque[tuple[Any, ...]] = deque()
         self._cv = threading.Condition()
         self._closing = False
@@ -97,6 +103,8 @@ class Scheduler:
                         log.exception("embedded engine step failed")
                         self._fail_running(exc)
                     self.busy_s += time.perf_counter() - t
+                if self._drained and not self.running:
+                    self._pause_drained()
         except BaseException as exc:  # pragma: no cover - the thread itself died
             self.error = exc
             log.exception("embedded engine thread died")
@@ -104,7 +112,15 @@ class Scheduler:
             self._shutdown()
 
     def _has_work(self) -> bool:
+        if self._drained:  # draining for pause("wait"): the running rows only
+            return bool(self.running)
         return not self.paused and bool(self.running or self.waiting)
+
+    def _pause_drained(self) -> None:
+        self.paused = True
+        waiters, self._drained = self._drained, []
+        for tell in waiters:
+            tell()
 
     def _handle(self, cmd: tuple[Any, ...]) -> None:
         kind = cmd[0]
@@ -137,12 +153,21 @@ class Scheduler:
         for seq in list(self.running) + list(self.waiting):
             self._finish(seq, "abort", abort_message="engine closed", save=False)
         self.runner.batch.clear()
+        self.running.clear()
+        waiters, self._drained = self._drained, []
+        for tell in waiters:
+            tell()
 
     # ------------------------------------------------------------------ stepping
     def _step(self) -> None:
-        self._admit()
+        if not self._drained:
+            self._admit()
         if self.running:
-            self._decode()
+            t = time.perf_counter()
+            try:
+                self._decode()
+            finally:
+                self.decode_s += time.perf_counter() - t
 
     def _admit(self) -> None:
         """Admit waiting requests (FIFO) into the free rows; prefill them in batches of
@@ -220,6 +245,9 @@ class Scheduler:
         self._emit(seqs, logits)
 
     def _decode(self) -> None:
+        if self.speculator is not None:
+            self._decode_speculative()
+            return
         seqs = list(self.running)
         tokens = [s.output[-1] for s in seqs]
         positions = [len(s.prompt) + len(s.output) - 1 for s in seqs]
@@ -229,7 +257,27 @@ class Scheduler:
                 s.add_routing(routing[i : i + 1], positions[i])
         self.counters["steps"] += 1
         self.counters["batch_rows"] += len(seqs)
+        self.counters["decode_tokens"] += len(seqs)
         self._emit(seqs, logits)
+
+    def _decode_speculative(self) -> None:
+        seqs = list(self.running)
+        step = self.speculator.step(self.runner, seqs)  # type: ignore[union-attr]
+        self.counters["steps"] += 1
+        self.counters["batch_rows"] += len(seqs)
+        now = time.perf_counter()
+        for seq, tokens, logprobs in zip(seqs, step.tokens, step.logprobs):
+            self.counters["output_tokens"] += len(tokens)
+            self.counters["decode_tokens"] += len(tokens)
+            seq.output.extend(tokens)
+            seq.logprobs.extend(logprobs)
+            seq.versions.extend([self.version] * len(tokens))
+            if seq.t_first is None:
+                seq.t_first = now
+            if tokens[-1] in seq.stop_ids:
+                self._finish(seq, "stop")
+            elif len(seq.output) >= seq.max_new_tokens:
+                self._finish(seq, "length")
 
     def _emit(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         tokens, logprobs = sample(logits, [s.params for s in seqs], [s.generator for s in seqs],
@@ -298,7 +346,15 @@ class Scheduler:
         self.runner.batch.clear()
 
     # ------------------------------------------------------------------ control (run via "call")
-    def pause(self, mode: PauseMode) -> None:
+    def pause(self, mode: PauseMode, drained: Callable[[], None] | None = None) -> None:
+        """``wait``: the running rows go on decoding, nothing is admitted; ``drained`` is called
+        (on this thread) once none runs, and the engine is paused from then on."""
+        if mode == "wait":
+            if drained is not None:
+                self._drained.append(drained)
+            if not self.running:
+                self._pause_drained()
+            return
         self.paused = True
         if mode == "abort":
             for seq in list(self.running) + list(self.waiting):
@@ -313,9 +369,15 @@ class Scheduler:
             self.runner.batch.clear()
             self.waiting.extendleft(reversed(back))
             self.counters["retracted"] += len(back)
+        elif mode == "in_place":
+            self.counters["kept_in_place"] += len(self.running)
 
     def resume(self) -> None:
         self.paused = False
+        if self._drained:  # resumed before the drain finished: its waiters are released, nothing paused
+            waiters, self._drained = self._drained, []
+            for tell in waiters:
+                tell()
 
     def abort(self, request_id: str) -> bool:
         seq = self.by_id.get(request_id)

@@ -215,3 +215,59 @@ def test_a_failing_forward_fails_its_requests_and_the_engine_keeps_serving() -> 
         await eng.aclose()
 
     run(main())
+
+
+def test_pause_wait_lets_running_requests_finish_on_the_old_weights() -> None:
+    async def main() -> None:
+        eng = engine()
+        running = [asyncio.create_task(eng.generate(req(prompt(6, i), greedy(60)))) for i in range(2)]
+        await wait_for_tokens(eng, 4)
+        drain = asyncio.create_task(eng.pause("wait"))
+        late = asyncio.create_task(eng.generate(req(prompt(6, 7), greedy(5))))  # arrives while draining
+        await drain  # returns once the running ones are done
+        assert all(t.done() for t in running) and not late.done() and eng.stats()["paused"]
+        results = [t.result() for t in running]
+        assert all(r.finish_reason == "length" and r.weight_versions == [0] * 60 for r in results)
+        assert all(r.info["retractions"] == 0 for r in results)
+        await eng.update_weights(perturbed(eng), version=3)
+        await eng.resume()
+        assert (await late).weight_versions == [3] * 5  # it waited: all of it on the new weights
+        # an idle engine pauses at once
+        await eng.pause("wait")
+        assert eng.stats()["paused"]
+        await eng.resume()
+        await eng.aclose()
+
+    run(main())
+
+
+def test_swap_weights_wait_updates_after_the_running_request() -> None:
+    async def main() -> None:
+        eng = engine()
+        task = asyncio.create_task(eng.generate(req(prompt(10, 0), greedy(80))))
+        await wait_for_tokens(eng, 8)
+        assert await eng.swap_weights(perturbed(eng), version=5, pause_mode="wait") == 5
+        res = await task
+        assert res.finish_reason == "length" and res.weight_versions == [0] * 80
+        assert not eng.stats()["paused"] and eng.weight_version == 5
+        after = await eng.generate(req(prompt(10, 1), greedy(4)))
+        assert after.weight_versions == [5] * 4
+        await eng.aclose()
+
+    run(main())
+
+
+def test_a_resume_during_a_drain_releases_the_waiting_pause() -> None:
+    async def main() -> None:
+        eng = engine()
+        task = asyncio.create_task(eng.generate(req(prompt(6, 0), greedy(400))))
+        await wait_for_tokens(eng, 4)
+        drain = asyncio.create_task(eng.pause("wait"))
+        await asyncio.sleep(0)
+        await eng.resume()
+        await asyncio.wait_for(drain, 60)
+        assert not eng.stats()["paused"]
+        assert eng.weight_version == 0 and len((await task).output_ids) == 400
+        await eng.aclose()
+
+    run(main())
