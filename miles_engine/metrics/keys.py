@@ -65,7 +65,11 @@ TIME_REWARD = "time/reward"              # verifiers and reward plugins
 TIME_TRAIN = "time/train"
 TIME_PUSH = "time/push"                  # weight transport, engines paused included
 TIME_STEP = "time/step"                  # wall time of the whole step
-TIME_SPLIT = (TIME_GENERATION, TIME_REWARD, TIME_TRAIN, TIME_PUSH)
+TIME_RECORD = "time/record_trajectories"  # writing RUN_DIR/trajectories.mtr (metrics.trajectories)
+TIME_TRAIN_DRAFT = "time/train_draft"    # the co-trained speculative draft's step (speculative.train)
+TIME_SPLIT = (TIME_GENERATION, TIME_REWARD, TIME_TRAIN, TIME_TRAIN_DRAFT, TIME_PUSH, TIME_RECORD)
+TRAJECTORY_RECORDS = "metrics/trajectory_records"  # records written this step (trained + dropped)
+TRAJECTORY_BYTES = "metrics/trajectory_bytes"
 
 # --- weights --------------------------------------------------------------------------------
 WEIGHT_VERSION = "weights/version"

@@ -10,11 +10,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from miles_engine.components import Section
 from miles_engine.metrics.jsonl import METRICS_FILE, JsonlSink, last_time, make_row
 from miles_engine.metrics.progress import ProgressDisplay
+from miles_engine.metrics.trajectory_records import check_keep
 from miles_engine.metrics.sinks import make_tensorboard, make_wandb
 
 log = logging.getLogger(__name__)
@@ -33,6 +34,14 @@ class MetricsConfig(Section):
                                   "step, best- and worst-rewarded alternately, decoded (0: off)")
     progress_every: int | None = Field(None, ge=1, description="plain mode: a line every N steps "
                                        "(default: ~20 lines per phase)")
+    trajectories: str = Field("best_worst", description="RUN_DIR/trajectories.mtr: a summary of every trajectory; "
+                              "the body (tokens, log-probs, conversation, commands) of: best_worst (each step's "
+                              "best and worst), sample:N (N at random per step, seeded), all")
+
+    @field_validator("trajectories")
+    @classmethod
+    def _trajectories(cls, value: str) -> str:
+        return check_keep(value)
 
 
 class MetricsLogger:

@@ -43,12 +43,14 @@ def data_uri(png: Path) -> str:
 
 
 def render_html(data: RunData, figures: list[tuple[str, Path]], summary: dict[str, float | int | None],
-                title: str) -> str:
+                title: str, trajectories: str | None = None) -> str:
     parts = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{escape(title)}</title>",
              f"<style>{CSS}</style></head><body>", f"<h1>{escape(title)}</h1>",
              f"<p class='muted'>generated {_dt.datetime.now().isoformat(timespec='seconds')} by "
              f"<code>miles report</code>; row kinds: {escape(', '.join(sorted(data.by_kind)))}</p>",
              "<h2>Summary</h2>", _table([(k, fmt(v)) for k, v in summary.items()])]
+    if trajectories:  # the line names the record file and the command that opens it
+        parts.append(f"<p class='trajectories'>{escape(trajectories)}</p>")
     for fig_title, png in figures:
         parts.append(f"<h2>{escape(fig_title)}</h2><img alt='{escape(fig_title)}' src='{data_uri(png)}'>")
     if not figures:

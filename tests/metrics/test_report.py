@@ -110,3 +110,21 @@ def test_missing_matplotlib_names_the_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ReportError, match="pip install matplotlib"):
         render_report(tmp_path)
+
+
+def test_report_names_the_trajectory_record_and_how_to_open_it(tmp_path):
+    from miles_engine.metrics.trajectory_store import TrajectoryWriter
+
+    run = tmp_path / "run"
+    write_run(run, steps=6, sft_steps=0)
+    assert "trajectories" not in render_report(run).html.read_text()  # a run without a record: no line
+    writer = TrajectoryWriter(run)
+    assert "trajectories" not in render_report(run).html.read_text()  # nor with an empty one
+    writer.append([({"step": 1, "group_id": "g", "index": 0}, {})])
+    writer.close()
+    result = render_report(run)
+    assert result.trajectories == run / "trajectories.mtr"
+    assert f"`miles dashboard {run}` opens it" in result.html.read_text()
+    out = CliRunner().invoke(cli, ["report", str(run)], catch_exceptions=False)
+    assert out.exit_code == 0 and f"trajectories: {run / 'trajectories.mtr'}" in out.stdout.replace("\n", "")
+    assert f"miles dashboard {run}" in out.stdout.replace("\n", "")
