@@ -3,9 +3,10 @@ concurrent sandboxes each running a 1 s command.
 
     .venv/bin/python bench/sandbox_bench.py [--n 100] [--concurrent 64] [--docker]
 
-``--docker`` adds the docker backend's figures (bench/docker_bench.py: create+exec+destroy
-p50/p95, exec p50, episodes/s of 16 concurrent oracle episodes of a Dockerfile-built task) on
-the engine DOCKER_HOST names (``eval "$(scripts/container_engine.sh start)"``).
+``--docker`` adds the docker backend's figures (bench/docker_bench.py, which also runs alone:
+stand-in family build times cold / cached, create+exec+destroy p50/p95 on the default and a
+stood-in image, episodes/s of 16 concurrent oracle episodes of Dockerfile-built Harbor and
+terminal-bench tasks) on the engine DOCKER_HOST names (``eval "$(scripts/container_engine.sh start)"``).
 
 Variants (namespace ones only where the kernel gives namespaces): ``namespace`` (commands
 forked by the sandbox's PID 1, the default), ``ns-nsenter`` (``exec_via_init: false``: each

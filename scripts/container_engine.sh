@@ -14,6 +14,12 @@
 #
 # Idempotent: start on a running engine only prints the environment; the base image is built
 # once (debootstrap --variant=minbase bookworm, ~1 min) and kept in the data root.
+#
+# Stand-ins: the docker backend stands in for public images it cannot get (no registry here) with
+# small families built FROM the base image (python: +pip/venv, tb-python / tb-ubuntu: +tmux and
+# asciinema, buildpack-deps, debian, ubuntu, alpine; see plugins/sandboxes/docker/README.md). The
+# backend builds a family lazily on first use (apt from the Debian mirror over the build network,
+# 2-40 s each, then cached on this engine as miles-standin-<family>:<hash>), so start stays short.
 # State lives under $MILES_ENGINE_CACHE (default ~/.cache/miles-engine/docker). Nothing here
 # touches a system Docker: the socket, data root, exec root and bridge are all private.
 # Progress goes to stderr; stdout carries only the `export` lines.
@@ -26,9 +32,12 @@ PIDFILE="$CACHE/dockerd.pid"
 LOG="$CACHE/dockerd.log"
 BASE_IMAGE=${MILES_BASE_IMAGE:-miles-base:bookworm}
 MIRROR=${MILES_DEBIAN_MIRROR:-http://deb.debian.org/debian}
-# The image map the backend applies (to spec images and Dockerfile FROM lines): the base image
-# stands in for these references, so no registry is needed.
-MAPPED_REFS=${MILES_MAPPED_REFS:-"ubuntu:24.04 ubuntu:22.04 debian:bookworm debian:bookworm-slim python:3.12-slim python:3.13-slim"}
+# The exact image map the backend applies unconditionally (to spec images and Dockerfile FROM
+# lines): the base image *is* these (Debian minbase), and tests probe ubuntu:24.04 through it.
+# Everything else (python:3.X-slim, t-bench bases, ...) goes through the backend's stand-in
+# patterns, used only when the real image cannot be had. python:* is deliberately not here: the
+# base has no pip.
+MAPPED_REFS=${MILES_MAPPED_REFS:-"ubuntu:24.04 ubuntu:22.04 debian:bookworm debian:bookworm-slim"}
 # What the base image carries beyond minbase: enough for terminal-bench's pytest-based tests.
 BASE_PACKAGES=${MILES_BASE_PACKAGES:-python3-pytest,procps}
 
@@ -96,6 +105,7 @@ print_env() {
   echo "export DOCKER_HOST=unix://$SOCK"
   echo "export MILES_DOCKER_PUBLIC_NETWORK=miles-public"
   echo "export MILES_DOCKER_BUILD_NETWORK=host"   # the engine has no default bridge (--bridge none)
+  echo "export MILES_DOCKER_STAND_IN_BASE=$BASE_IMAGE"   # what stand-in families are built FROM
   local ref map=""
   for ref in $MAPPED_REFS; do map="$map${map:+,}$ref=$BASE_IMAGE"; done
   echo "export MILES_DOCKER_IMAGE_MAP=$map"

@@ -85,9 +85,17 @@ class TaskAdmission:
     def report(self, limit: int = SHOWN_REASONS) -> str:
         """The summary and each excluded task's reason (the first ``limit``; the rest counted)."""
         lines = [self.summary()]
-        lines += [f"  - {e.task_id} [{e.kind}]: {e.reason}" for e in self.excluded[:limit]]
-        if len(self.excluded) > limit:
-            lines.append(f"  … and {len(self.excluded) - limit} more excluded task(s)")
+        # a task listed several times (a mixture's ``repeat``: ``id#1``, ``id#2``...) is shown once
+        listings = Counter(_listed_task(e.task_id) for e in self.excluded)
+        first: dict[str, ExcludedTask] = {}
+        for e in self.excluded:
+            first.setdefault(_listed_task(e.task_id), e)
+        shown = list(first.values())
+        for e in shown[:limit]:
+            times = listings[_listed_task(e.task_id)]
+            lines.append(f"  - {e.task_id}{f' (listed {times} times)' if times > 1 else ''} [{e.kind}]: {e.reason}")
+        if len(shown) > limit:
+            lines.append(f"  … and {len(shown) - limit} more excluded task(s)")
         return "\n".join(lines)
 
     def require_some(self, what: str = "to run") -> None:
@@ -96,6 +104,10 @@ class TaskAdmission:
         if not self.admitted:
             error = SandboxUnsupportedError if self.counts().keys() == {"backend"} else ConfigError
             raise error(f"nothing {what}: {self.report()}")
+
+
+def _listed_task(task_id: str) -> str:
+    return task_id.split("#", 1)[0]
 
 
 _KIND_WORDS = {"backend": "the backend cannot run", "unsupported": "unsupported", "malformed": "malformed"}

@@ -55,6 +55,10 @@ class SandboxTask(ABC):
     async def solve(self, ctx: EpisodeContext) -> None:
         raise NoReferenceSolution(f"task '{self.id}' has no reference solution")
 
+    async def next_turn(self, ctx: EpisodeContext) -> list[Message] | None:
+        """The task's reply when the agent ends its turn; ``None`` (the default) ends the episode."""
+        return None
+
     @abstractmethod
     async def verify(self, ctx: EpisodeContext) -> RewardResult:
         """Score the episode."""

@@ -136,6 +136,20 @@ class EpisodeContext:
         self.transcript.append({"role": "tool", "tool_call_id": call_id, "content": result.content})
         return result
 
+    async def next_turn(self) -> list[Message] | None:
+        """Ask the task for its reply when the agent ends its turn (answers without a tool call).
+
+        A task with more to say (a multi-step task's next instruction) returns the user messages
+        to continue the same conversation with; they are recorded in the transcript. ``None``:
+        the episode is over. Tasks opt in with an optional ``async next_turn(ctx)`` method.
+        """
+        reply = getattr(self.task, "next_turn", None)
+        messages = await reply(self) if reply is not None else None
+        if not messages:
+            return None
+        self.transcript.extend(messages)
+        return list(messages)
+
     def say(self, text: str) -> None:
         """Record a final assistant message (an answer)."""
         self.transcript.append({"role": "assistant", "content": text})

@@ -136,6 +136,10 @@ class SandboxSpec(_Model):
     min_isolation: IsolationLevel = "process"
     services: tuple[ServiceSpec, ...] = ()  # sidecars (compose services), backends with Capabilities.services
     volumes: tuple[VolumeMount, ...] = ()  # compose volumes of the agent's container (same backends)
+    # start the container as its image defines it: the image's ENTRYPOINT runs (e.g. starts a
+    # server) with the backend's keep-alive as its arguments (Harbor's ``command: sleep infinity``);
+    # False: the backend replaces the ENTRYPOINT with its keep-alive
+    keep_entrypoint: bool = False
 
 
 class Capabilities(_Model):
@@ -151,6 +155,7 @@ class Capabilities(_Model):
     max_cpus: float | None = None
     max_memory_mb: int | None = None
     services: bool = False  # sidecar containers (SandboxSpec.services)
+    keep_entrypoint: bool = False  # runs the image's ENTRYPOINT (SandboxSpec.keep_entrypoint)
 
 
 @dataclass(frozen=True)
@@ -240,7 +245,7 @@ class SweepableBackend(Protocol):
 class UnmetNeed:
     """One thing a spec asks that a backend cannot give: ``field`` says which (``gpus``,
     ``image``, ``build``, ``network``, ``paths``, ``isolation``, ``services``, ``volumes``,
-    ``user``, ``cpus``, ``memory``), ``text`` says it to a person, ``detail`` the level asked
+    ``user``, ``cpus``, ``memory``, ``entrypoint``), ``text`` says it to a person, ``detail`` the level asked
     (an isolation level or network mode) where the remedy depends on it."""
 
     field: str
@@ -271,6 +276,9 @@ def unmet_spec_needs(spec: SandboxSpec, caps: Capabilities) -> list[UnmetNeed]:
                                            f"(Docker Compose)"))
     if spec.volumes and not caps.services:
         needs.append(UnmetNeed("volumes", f"volumes {', '.join(v.target for v in spec.volumes)} (Docker Compose)"))
+    if spec.keep_entrypoint and not caps.keep_entrypoint:
+        needs.append(UnmetNeed("entrypoint", "the image's ENTRYPOINT running as the container's main process "
+                                             "(this backend replaces it)"))
     if spec.user and not caps.run_as_user:
         needs.append(UnmetNeed("user", f"running as user '{spec.user}'"))
     if caps.max_cpus and spec.resources.cpus and spec.resources.cpus > caps.max_cpus:
@@ -305,6 +313,7 @@ _PROVIDERS: dict[str, tuple[tuple[str, str], ...]] = {
     "services": (("docker", ""),),
     "volumes": (("docker", ""),),
     "user": (("docker", ""),),
+    "entrypoint": (("docker", ""),),
     "cpus": (("docker", "sandbox option max_cpus raised or unset"),),
     "memory": (("docker", "sandbox option max_memory_mb raised or unset"),),
 }

@@ -11,6 +11,7 @@ import pytest
 
 from miles_engine.errors import SandboxError, SandboxUnsupportedError
 from miles_engine.sandbox.protocol import ExecResult, SandboxSpec
+from miles_engine.sandbox.hostile_cases import SLOW_HOST_S
 
 from .conftest import IS_ROOT, run
 
@@ -68,7 +69,7 @@ def test_timeout_kills_the_whole_group_and_reports_none(tier):
 
     r, took, left = run(go())
     assert r.timed_out and r.exit_code is None and "never" not in r.stdout
-    assert took < 3
+    assert took < 0.5 + SLOW_HOST_S  # killed, not waited for (31.7 s)
     assert left == []
 
 
@@ -85,7 +86,7 @@ def test_process_tree_ignoring_sigterm_is_killed(tier):
             return r, left, sb.leftover_processes()
 
     r, left, after = run(go())
-    assert r.timed_out and r.duration_s < 3
+    assert r.timed_out and r.duration_s < 0.5 + SLOW_HOST_S  # killed, not waited for (301 s)
     assert left == [] and after == []
 
 
@@ -100,7 +101,7 @@ def test_output_is_capped_drained_and_flagged(tier):
 
     big, small = run(go())
     assert big.truncated and len(big.stdout) == 1000 and set(big.stdout) == {"a"}
-    assert big.stderr == "tail\n" and big.exit_code == 0 and big.duration_s < 10
+    assert big.stderr == "tail\n" and big.exit_code == 0 and not big.timed_out
     assert not small.truncated and small.stdout == "fine\n"
 
 
@@ -164,19 +165,17 @@ def test_daemons_survive_exec_but_not_close(tier):
 
     async def go():
         sb = await backend.create(spec)
-        t = time.monotonic()
         r = await sb.exec(script, timeout_s=10)
-        took = time.monotonic() - t
         running = [p for p in sb.leftover_processes() if tag in p.cmdline]
         again = await sb.exec("echo still usable")
         await sb.close()
-        return r, took, running, again, sb.leftover_processes()
+        return r, running, again, sb.leftover_processes()
 
     try:
-        r, took, running, again, after = run(go())
+        r, running, again, after = run(go())
     finally:  # without root, the process tier cannot track a detached daemon that drops its env
         subprocess.run(["pkill", "-KILL", "-U", str(os.geteuid()), "-f", f"^sleep {tag}$"], check=False)
-    assert r.stdout == "started\n" and took < 5  # a daemon holding stdout does not hang exec
+    assert r.stdout == "started\n" and not r.timed_out  # a daemon holding stdout does not hang exec
     tracked = 3 if IS_ROOT or backend.capabilities().isolation == "namespace" else 2  # env -i drops the marker
     assert len(running) == tracked and again.stdout == "still usable\n"
     assert after == []

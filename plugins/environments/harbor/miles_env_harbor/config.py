@@ -18,17 +18,21 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
-from miles_engine.errors import format_validation_error
-from miles_engine.errors import TaskFormatError
+from miles_engine.errors import TaskFormatError, TaskUnsupportedError, format_validation_error
+
+from miles_env_harbor.toml_lines import toml_key_lines
 
 HarborNetworkMode = Literal["public", "no-network", "allowlist"]
 DEFAULT_TIMEOUT_SEC = 600.0
 _SCHEMA_RE = re.compile(r"^1\.\d+$")
+KNOWN_SCHEMAS = ("1.0", "1.1", "1.2", "1.3", "1.4")
+_STEP_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT])(?:I?B|I)?\s*$", re.IGNORECASE)
 _SIZE_TO_MB = {"K": 1 / 1024, "M": 1, "G": 1024, "T": 1024 * 1024}
 _ENV_TEMPLATE = re.compile(r"\$\{([^}:]+)(?::-(.*))?\}")
+_KNOWN_SCHEMAS_TEXT = f"this reader knows schema_version {', '.join(KNOWN_SCHEMAS)} (and reads a later 1.x as 1.4)"
 
 
 def parse_size_mb(text: str) -> int:
@@ -65,6 +69,42 @@ class AgentSection(_Section):
     allowed_hosts: list[str] | None = None
 
 
+class HealthcheckSection(_Section):
+    """``[environment.healthcheck]``: Docker HEALTHCHECK's options, run by exec once the
+    environment is up; the agent starts only after it passes."""
+
+    command: str = Field(min_length=1)
+    interval_sec: float = Field(5.0, ge=0)
+    timeout_sec: float = Field(30.0, gt=0)
+    start_period_sec: float = Field(0.0, ge=0)
+    start_interval_sec: float = Field(5.0, ge=0)
+    retries: int = Field(3, ge=1)
+
+
+McpTransport = Literal["sse", "streamable-http", "stdio"]
+
+
+class McpServerSection(_Section):
+    """One ``[[environment.mcp_servers]]``: an MCP server offered to the agent. ``sse`` and
+    ``streamable-http`` servers are reached at ``url`` (typically a service of the task's
+    environment/docker-compose.yaml); a ``stdio`` one is ``command`` + ``args``, run inside the
+    sandbox by the agent's harness."""
+
+    name: str = Field(min_length=1)
+    transport: McpTransport = "sse"
+    url: str | None = None
+    command: str | None = None
+    args: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _transport_fields(self) -> McpServerSection:
+        if self.transport in ("sse", "streamable-http") and not self.url:
+            raise ValueError(f"'url' is required for transport '{self.transport}' (MCP server '{self.name}')")
+        if self.transport == "stdio" and not self.command:
+            raise ValueError(f"'command' is required for transport 'stdio' (MCP server '{self.name}')")
+        return self
+
+
 class EnvironmentSection(_Section):
     build_timeout_sec: float = Field(DEFAULT_TIMEOUT_SEC, gt=0)
     docker_image: str | None = None
@@ -79,8 +119,8 @@ class EnvironmentSection(_Section):
     network_mode: HarborNetworkMode | None = None
     allowed_hosts: list[str] = Field(default_factory=list)
     skills_dir: str | None = None
-    mcp_servers: list[dict[str, Any]] = Field(default_factory=list)
-    healthcheck: dict[str, Any] | None = None
+    mcp_servers: list[McpServerSection] = Field(default_factory=list)
+    healthcheck: HealthcheckSection | None = None
     # Deprecated 1.0 spellings, normalised by the properties below.
     memory: str | None = None
     storage: str | None = None
@@ -98,6 +138,15 @@ class EnvironmentSection(_Section):
     def _absolute(cls, v: str | None) -> str | None:
         if v is not None and not v.startswith("/"):
             raise ValueError(f"workdir must be an absolute path, got {v!r}")
+        return v
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _unique_mcp_names(cls, v: list[McpServerSection]) -> list[McpServerSection]:
+        names = [server.name for server in v]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            raise ValueError(f"MCP server names must be unique; repeated: {', '.join(repeated)}")
         return v
 
     @property
@@ -148,6 +197,61 @@ class SolutionSection(_Section):
 class ArtifactEntry(_Section):
     source: str
     destination: str | None = None
+    exclude: list[str] = Field(default_factory=list)
+
+
+Artifact = str | ArtifactEntry
+
+
+class StepAgentSection(_Section):
+    """``[steps.agent]``: unset keys fall back to the task's ``[agent]``."""
+
+    timeout_sec: float | None = Field(None, gt=0)
+    user: str | int | None = None
+
+
+class StepVerifierSection(_Section):
+    """``[steps.verifier]``: unset keys fall back to the task's ``[verifier]``; ``env`` is merged
+    over the task's (the step's value wins)."""
+
+    timeout_sec: float | None = Field(None, gt=0)
+    env: dict[str, str] = Field(default_factory=dict)
+    user: str | int | None = None
+    environment_mode: Literal["shared", "separate"] | None = None
+
+
+class StepSection(_Section):
+    """One ``[[steps]]`` entry; its files live in ``steps/<name>/``."""
+
+    name: str
+    agent: StepAgentSection = Field(default_factory=StepAgentSection)
+    verifier: StepVerifierSection = Field(default_factory=StepVerifierSection)
+    min_reward: float | dict[str, float] | None = None
+    artifacts: list[Artifact] = Field(default_factory=list)
+
+    @field_validator("name")
+    @classmethod
+    def _dir_name(cls, v: str) -> str:
+        if not _STEP_NAME_RE.match(v) or v in (".", ".."):
+            raise ValueError(f"step name {v!r} must be a directory name under steps/ "
+                             f"(letters, digits, '.', '_', '-'; not starting with '.', '_' or '-')")
+        return v
+
+    def min_reward_failure(self, rewards: Mapping[str, float] | None) -> str | None:
+        """Harbor's gate: why this step's rewards fall below ``min_reward`` (a missing key or no
+        reward at all counts as -inf), or ``None`` when they pass or no gate is set."""
+        if self.min_reward is None:
+            return None
+        gates = self.min_reward if isinstance(self.min_reward, dict) else {"reward": self.min_reward}
+        for key, threshold in gates.items():
+            actual = (rewards or {}).get(key, float("-inf"))
+            if actual < threshold:
+                return f"{key} = {actual:g} is below min_reward {threshold:g}"
+        return None
+
+
+def artifact_source(entry: Artifact) -> str:
+    return entry if isinstance(entry, str) else entry.source
 
 
 class TaskConfig(_Section):
@@ -161,8 +265,9 @@ class TaskConfig(_Section):
     verifier: VerifierSection = Field(default_factory=VerifierSection)
     environment: EnvironmentSection = Field(default_factory=EnvironmentSection)
     solution: SolutionSection = Field(default_factory=SolutionSection)
-    artifacts: list[str | ArtifactEntry] = Field(default_factory=list)
-    steps: list[dict[str, Any]] | None = None
+    artifacts: list[Artifact] = Field(default_factory=list)
+    steps: list[StepSection] | None = None
+    multi_step_reward_strategy: Literal["mean", "final"] | None = None
     source: str | None = None
     _unknown_keys: list[str] = PrivateAttr(default_factory=list)
 
@@ -170,7 +275,17 @@ class TaskConfig(_Section):
     @classmethod
     def _known_schema(cls, v: str | None) -> str | None:
         if v is not None and not _SCHEMA_RE.match(v):
-            raise ValueError(f"unsupported task schema {v!r}; this reader understands 1.x (1.0 through 1.4)")
+            raise ValueError(f"unsupported task schema {v!r}; {_KNOWN_SCHEMAS_TEXT}")
+        return v
+
+    @field_validator("steps")
+    @classmethod
+    def _unique_steps(cls, v: list[StepSection] | None) -> list[StepSection] | None:
+        names = [step.name for step in v or []]
+        if dupes := sorted({n for n in names if names.count(n) > 1}):
+            raise ValueError(f"step names must be unique; repeated: {', '.join(dupes)}")
+        if v is not None and not v:
+            raise ValueError("[[steps]] is declared but empty")
         return v
 
     @property
@@ -182,7 +297,12 @@ class TaskConfig(_Section):
         return list(self._unknown_keys)
 
     def artifact_paths(self) -> list[str]:
-        return [a if isinstance(a, str) else a.source for a in self.artifacts]
+        return [artifact_source(a) for a in self.artifacts]
+
+    @property
+    def reward_strategy(self) -> Literal["mean", "final"]:
+        """How a multi-step task's episode reward comes from its steps' (Harbor's default: mean)."""
+        return self.multi_step_reward_strategy or "mean"
 
     # [metadata] is free-form in Harbor; these read its conventional keys leniently.
     @property
@@ -220,30 +340,15 @@ def _unknown(raw: dict[str, Any], model: type[BaseModel], prefix: str = "") -> l
                     if isinstance(a, type) and issubclass(a, _Section)), None)
         if sub is not None and isinstance(value, dict):
             out.extend(_unknown(value, sub, f"{prefix}{key}."))
+        elif key == "steps" and isinstance(value, list):
+            for index, step in enumerate(value):
+                if isinstance(step, dict):
+                    out.extend(_unknown(step, StepSection, f"{prefix}steps[{index}]."))
+        elif sub is not None and isinstance(value, list):  # an array of tables ([[environment.mcp_servers]])
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    out.extend(_unknown(item, sub, f"{prefix}{key}[{i}]."))
     return out
-
-
-_TABLE_RE = re.compile(r"^\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
-_KEY_RE = re.compile(r"""^((?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*'))*)\s*=""")
-
-
-def _norm_key(key: str) -> str:
-    return ".".join(part.strip().strip("\"'") for part in key.split("."))
-
-
-def toml_key_lines(text: str) -> dict[str, int]:
-    """Best-effort ``{dotted.key: line}`` for error messages (tomllib keeps no positions)."""
-    lines: dict[str, int] = {}
-    table = ""
-    for number, line in enumerate(text.splitlines(), 1):
-        stripped = line.strip()
-        if m := _TABLE_RE.match(stripped):
-            table = _norm_key(m.group(1))
-            lines.setdefault(table, number)
-        elif m := _KEY_RE.match(stripped):
-            key = _norm_key(m.group(1))
-            lines.setdefault(f"{table}.{key}" if table else key, number)
-    return lines
 
 
 def parse_task_config(text: str, *, source: str) -> TaskConfig:
@@ -252,6 +357,12 @@ def parse_task_config(text: str, *, source: str) -> TaskConfig:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise TaskFormatError(f"{source}: invalid TOML: {exc}") from exc
+    for key in ("schema_version", "version"):
+        value = raw.get(key)
+        if isinstance(value, str) and not _SCHEMA_RE.match(value):
+            line = toml_key_lines(text).get(key)
+            raise TaskUnsupportedError(f"{source}{f':{line}' if line else ''}: {key} = {value!r} is a task "
+                                       f"schema this reader does not know; {_KNOWN_SCHEMAS_TEXT}")
     try:
         config = TaskConfig.model_validate(raw)
     except ValidationError as exc:

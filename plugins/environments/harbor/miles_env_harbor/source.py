@@ -98,4 +98,4 @@ class HarborSource(DirectoryTaskSource):
 
     def capabilities(self) -> EnvironmentCapabilities:
         """The widest needs over every task that loads (a malformed one is the validator's to report)."""
-        return self.capabilities_with(lambda t: (t.solution_dir / "solve.sh").is_file())
+        return self.capabilities_with(lambda t: t.has_reference_solution)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import shlex
 import tempfile
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,7 @@ ARTIFACTS_DIR = "/logs/artifacts"
 
 MAKE_LOG_DIRS = "mkdir -p /logs/agent /logs/verifier /logs/artifacts"
 CLEAR_REWARDS = f"mkdir -p {VERIFIER_DIR} /tests && rm -f {REWARD_JSON} {REWARD_TXT} {TEST_STDOUT}"
+CLEAR_TESTS = "mkdir -p /tests && find /tests -mindepth 1 -delete"
 RUN_TESTS = f"bash /tests/test.sh > {TEST_STDOUT} 2>&1"
 FIND_REWARDS = f'for f in {REWARD_JSON} {REWARD_TXT}; do if [ -f "$f" ]; then echo "$f"; fi; done'
 TAIL_STDOUT = f"tail -c 2000 {TEST_STDOUT} 2>/dev/null || true"
@@ -70,31 +72,54 @@ async def _tail(sandbox: Sandbox) -> str:
     return (await sandbox.exec(TAIL_STDOUT, timeout_s=30)).stdout
 
 
-async def run_tests(task: HarborTask, sandbox: Sandbox) -> RewardResult:
+@dataclass(frozen=True)
+class TestPlan:
+    """What one verification uploads and runs: ``tests_dirs`` copied into ``/tests`` in order (a
+    step's own tests over the task's shared ones), ``script`` (for messages), ``env`` before
+    ``${VAR}`` templating, and the timeout and user."""
+
+    tests_dirs: tuple[Path, ...]
+    script: str
+    env: dict[str, str]
+    env_where: str
+    timeout_s: float
+    user: str | int | None
+    clear_tests: bool = False  # empty /tests first (a step must not see the previous step's tests)
+
+
+def task_test_plan(task: HarborTask) -> TestPlan:
+    ver = task.config.verifier
+    return TestPlan(tests_dirs=(task.tests_dir,), script="tests/test.sh", env=dict(ver.env),
+                    env_where=f"{task.toml_path} [verifier].env", timeout_s=ver.timeout_sec, user=ver.user)
+
+
+async def run_tests(task: HarborTask, sandbox: Sandbox, plan: TestPlan | None = None) -> RewardResult:
     """Steps 1–4 of the module docstring in ``sandbox``; never raises for a bad reward."""
+    plan = plan or task_test_plan(task)
     where = f"task '{task.id}'"
     try:
-        env = resolve_env(task.config.verifier.env, where=f"{task.toml_path} [verifier].env")
+        env = resolve_env(plan.env, where=plan.env_where)
     except MilesError as exc:
         return RewardResult.failed(f"{where}: {exc}")
-    prep = await sandbox.exec(CLEAR_REWARDS, timeout_s=30)
+    prep = await sandbox.exec(CLEAR_TESTS + " && " + CLEAR_REWARDS if plan.clear_tests else CLEAR_REWARDS, timeout_s=30)
     if not prep.ok:
         return RewardResult.failed(f"{where}: cannot clear stale reward files: {(prep.stderr or prep.stdout).strip()}")
-    await sandbox.upload_dir(task.tests_dir, "/tests")
-    timeout = task.config.verifier.timeout_sec
-    user = task.config.verifier.user
+    for tests_dir in plan.tests_dirs:
+        await sandbox.upload_dir(tests_dir, "/tests")
+    timeout = plan.timeout_s
+    user = plan.user
     run = await sandbox.exec(
         RUN_TESTS, env=env or None, timeout_s=timeout, **({"user": str(user)} if user is not None else {})
     )
     info: dict[str, Any] = {"test_exit_code": run.exit_code, "test_duration_s": round(run.duration_s, 3)}
     if run.timed_out:
-        return RewardResult.failed(f"{where}: tests/test.sh timed out after {timeout:g}s",
+        return RewardResult.failed(f"{where}: {plan.script} timed out after {timeout:g}s",
                                    **info, test_stdout_tail=await _tail(sandbox))
     found = (await sandbox.exec(FIND_REWARDS, timeout_s=30)).stdout.split()
     path = REWARD_JSON if REWARD_JSON in found else REWARD_TXT if REWARD_TXT in found else None
     if path is None:
         return RewardResult.failed(
-            f"{where}: tests/test.sh wrote no reward (neither {REWARD_JSON} nor {REWARD_TXT} exists; "
+            f"{where}: {plan.script} wrote no reward (neither {REWARD_JSON} nor {REWARD_TXT} exists; "
             f"test.sh exit code {run.exit_code})",
             **info, test_stdout_tail=await _tail(sandbox),
         )
@@ -112,21 +137,28 @@ async def run_tests(task: HarborTask, sandbox: Sandbox) -> RewardResult:
     return result
 
 
+async def copy_out(sandbox: Sandbox, path: str, local: Path) -> str | None:
+    """Copy ``path`` (a file or a directory) out of ``sandbox`` to ``local``; its kind
+    (``"file"`` / ``"dir"``), or ``None`` when it does not exist."""
+    kind = (await sandbox.exec(path_kind_command(path), timeout_s=30)).stdout.strip()
+    if kind == "dir":
+        local.mkdir(parents=True, exist_ok=True)
+        await sandbox.download_dir(path, local)
+    elif kind == "file":
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(await sandbox.read_file(path))
+    else:
+        return None
+    return kind
+
+
 async def collect_artifacts(sandbox: Sandbox, paths: list[str], local_root: Path) -> list[tuple[str, str]]:
     """Copy each existing path out of ``sandbox`` under ``local_root``; return ``(path, kind)``."""
     collected: list[tuple[str, str]] = []
     for path in dict.fromkeys([ARTIFACTS_DIR, *paths]):
-        kind = (await sandbox.exec(path_kind_command(path), timeout_s=30)).stdout.strip()
-        local = local_root / path.lstrip("/")
-        if kind == "dir":
-            local.mkdir(parents=True, exist_ok=True)
-            await sandbox.download_dir(path, local)
-        elif kind == "file":
-            local.parent.mkdir(parents=True, exist_ok=True)
-            local.write_bytes(await sandbox.read_file(path))
-        else:
-            continue
-        collected.append((path, kind))
+        kind = await copy_out(sandbox, path, local_root / path.lstrip("/"))
+        if kind is not None:
+            collected.append((path, kind))
     return collected
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from miles_engine.errors import TaskFormatError
-from miles_env_harbor.config import parse_size_mb, parse_task_config, resolve_env, toml_key_lines
+from miles_env_harbor.config import parse_size_mb, parse_task_config, resolve_env
+from miles_env_harbor.toml_lines import toml_key_lines
 
 V10 = """\
 version = "1.0"
@@ -138,7 +139,8 @@ def test_malformed_toml_names_file_and_line():
         ('[verifier]\nenvironment_mode = "sometimes"\n', r"task\.toml:2: bad value for 'verifier\.environment_mode'.*'shared' or 'separate'"),
         ('[verifier]\ntimeout_sec = -1\n', r"task\.toml:2: bad value for 'verifier\.timeout_sec'"),
         ('[verifier]\nenv = { A = 1 }\n', r"task\.toml:2: bad value for 'verifier\.env\.A'"),
-        ('schema_version = "2.0"\n', r"task\.toml:1: bad value for 'schema_version'.*1\.x"),
+        ('schema_version = "2.0"\n', r"task\.toml:1: schema_version = '2\.0' is a task schema this reader does not "
+                                     r"know; this reader knows schema_version 1\.0, 1\.1, 1\.2, 1\.3, 1\.4"),
         ('version = 1.0\n', r"task\.toml:1: bad value for 'version'"),
         ('[environment]\nnetwork_mode = "intranet"\n', r"'environment\.network_mode'.*allowlist"),
         ('[environment]\nworkdir = "app"\n', r"'environment\.workdir'.*absolute"),
@@ -170,3 +172,30 @@ def test_env_templates_resolve_from_host(monkeypatch):
     assert resolve_env(env, where="w") == {"A": "plain", "B": "secret", "C": "dflt"}
     with pytest.raises(TaskFormatError, match="w: D = .*MILES_UNSET_VAR, which is not set"):
         resolve_env({"D": "${MILES_UNSET_VAR}"}, where="w")
+
+
+def test_steps_are_read_with_harbors_fields():
+    cfg = parse_task_config(
+        'multi_step_reward_strategy = "final"\n'
+        '[[steps]]\nname = "one"\nmin_reward = 0.5\nartifacts = ["/app/x", { source = "/app/d", exclude = ["*.log"] }]\n'
+        '[steps.agent]\ntimeout_sec = 5\n[steps.verifier]\nenv = { K = "v" }\nshiny = 1\n'
+        '[[steps]]\nname = "two"\nmin_reward = { reward = 1.0, style = 0.5 }\n', source="t.toml")
+    one, two = cfg.steps
+    assert (one.agent.timeout_sec, one.verifier.env, one.verifier.timeout_sec) == (5.0, {"K": "v"}, None)
+    assert cfg.reward_strategy == "final" and one.artifacts[1].exclude == ["*.log"]
+    assert cfg.unknown_keys == ["steps[0].verifier.shiny"]
+    assert one.min_reward_failure({"reward": 0.5}) is None
+    assert one.min_reward_failure({"reward": 0.25}) == "reward = 0.25 is below min_reward 0.5"
+    assert two.min_reward_failure({"reward": 1.0}) == "style = -inf is below min_reward 0.5"  # a missing key
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ('multi_step_reward_strategy = "max"\n', r"t\.toml:1: bad value for 'multi_step_reward_strategy' \(got 'max'\).*'mean' or 'final'"),
+    ('[[steps]]\nname = "../up"\n', r"t\.toml:1: bad value for 'steps\.0\.name'.*directory name under steps/"),
+    ('[[steps]]\nname = "a"\n[[steps]]\nname = "a"\n', "step names must be unique; repeated: a"),
+    ('steps = []\n', r"\[\[steps\]\] is declared but empty"),
+    ('[[steps]]\nname = "a"\nmin_reward = "high"\n', r"bad value for 'steps\.0\.min_reward"),
+])
+def test_bad_steps_are_named(text, needle):
+    with pytest.raises(TaskFormatError, match=needle):
+        parse_task_config(text, source="t.toml")

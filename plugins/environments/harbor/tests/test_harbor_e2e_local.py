@@ -142,3 +142,18 @@ def test_validate_a_small_dataset(backend, tmp_path):
     assert "no reference solution" in " ".join(checks["no-solution"].problems)
     assert checks["always-one"].problems == ["no-op scored 1.0 (expected 0.0)"]
     assert json.dumps([c.to_dict() for c in checks.values()])
+
+
+def test_a_healthcheck_gates_the_agent_on_the_local_backend_too(backend, tmp_path):
+    from harbor_testkit import DEFAULT_TOML
+
+    check = '\n[environment.healthcheck]\ncommand = "test -f /app/ready || {{ echo not ready; exit 1; }}"\n' \
+            'interval_sec = 0\nretries = 2\n'
+    never = make_task(tmp_path, "never", toml=DEFAULT_TOML + check.format())
+    failed = run(run_episode(load_harbor_task(never), OracleAgent(), backend))
+    assert failed.reward.reward is None and failed.agent.stop_reason == "not_started", failed.reward
+    assert "HealthcheckError" in failed.reward.error and "`test -f /app/ready" in failed.reward.error
+    assert "its last output: not ready" in failed.reward.error
+    ready = make_task(tmp_path, "ready", toml=DEFAULT_TOML + check.format().replace("test -f /app/ready", "true"))
+    passed = run(run_episode(load_harbor_task(ready), OracleAgent(), backend))
+    assert (passed.reward.reward, passed.info["healthcheck"]["tries"]) == (1.0, 1), passed.reward

@@ -74,7 +74,8 @@ def test_malformed_toml_lists_but_fails_at_load_naming_file(tmp_path):
 
 @pytest.mark.parametrize(
     ("toml", "instruction", "needle"),
-    [('[[steps]]\nname = "one"\n', "x", r"multi-step tasks \(\[\[steps\]\]\) are not supported"),
+    [('[[steps]]\nname = "one"\n', "x", r"t is missing steps/one/ \(the directory of step 'one'\)"),
+     ('schema_version = "2.0"\n', "x", r"t/task\.toml:1: schema_version = '2\.0' is a task schema this reader does not know"),
      ('[environment]\nos = "windows"\n', "x", "os = 'windows' is not supported"),
      ("", "  \n", "instruction.md is empty")],
 )

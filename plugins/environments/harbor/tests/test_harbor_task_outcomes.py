@@ -1,5 +1,5 @@
-"""Per-task outcomes on a Harbor set: one task the backend cannot run (a GPU, an image) or whose
-feature the reader does not support (multi-step) is excluded with its own reason; the rest go on."""
+"""Per-task outcomes on a Harbor set: one task the backend cannot run (a GPU, an image) or that the
+reader does not support (an unknown schema_version) is excluded with its own reason; the rest go on."""
 
 from __future__ import annotations
 
@@ -20,13 +20,13 @@ LOCAL_CAPS = Capabilities(isolation="namespace", network_modes=frozenset({"none"
 DOCKER_WITHOUT_GPUS = Capabilities(isolation="container", network_modes=frozenset({"none", "public"}), images=True,
                                    dockerfile_build=True, absolute_paths=True, run_as_user=True, services=True)
 GPU_TOML = 'schema_version = "1.4"\n[environment]\ngpus = 1\n'
-STEPS_TOML = 'schema_version = "1.4"\n[[steps]]\nname = "one"\n'
+FUTURE_TOML = 'schema_version = "2.0"\n'
 
 
 def mixed_set(root):
     make_task(root, "good")
     make_task(root, "needs-gpu", toml=GPU_TOML)
-    make_task(root, "multi-step", toml=STEPS_TOML)
+    make_task(root, "future-schema", toml=FUTURE_TOML)
     make_task(root, "ubuntu-image", toml='[environment]\ndocker_image = "ubuntu:24.04"\n')
     make_task(root, "no-test", test_sh=None)
     return HarborSource(root)
@@ -41,12 +41,15 @@ def test_each_task_gets_its_own_outcome(tmp_path):
     assert admission.admitted == ["good"]
     by_id = {e.task_id: e for e in admission.excluded}
     assert {i: e.kind for i, e in by_id.items()} == {
-        "needs-gpu": "backend", "multi-step": "unsupported", "ubuntu-image": "backend", "no-test": "malformed"}
+        "needs-gpu": "backend", "future-schema": "unsupported", "ubuntu-image": "backend", "no-test": "malformed"}
     gpu = by_id["needs-gpu"].reason
     assert f"{tmp_path / 'needs-gpu' / 'task.toml'} [environment].gpus = 1" in gpu and "1 GPU(s)" in gpu
     assert "docker (sandbox option gpus=true" in remedy_of(gpu) and "local" not in remedy_of(gpu)
     assert "[environment].docker_image = 'ubuntu:24.04'" in by_id["ubuntu-image"].reason
-    assert "multi-step tasks ([[steps]])" in by_id["multi-step"].reason
+    future = by_id["future-schema"].reason  # one error: the file, the line, the key, the value, what we know
+    assert future == (f"{tmp_path / 'future-schema' / 'task.toml'}:1: schema_version = '2.0' is a task schema this "
+                      f"reader does not know; this reader knows schema_version 1.0, 1.1, 1.2, 1.3, 1.4 (and reads "
+                      f"a later 1.x as 1.4)")
     assert "missing tests/test.sh" in by_id["no-test"].reason
     assert admission.metrics()["environment/tasks_excluded"] == 4.0
     assert admission.metrics()["environment/tasks_excluded/backend"] == 2.0
@@ -76,7 +79,7 @@ def test_env_tasks_reports_each_outcome(tmp_path):
     rows = {r["id"]: r for r in json.loads(out)}
     assert code == 0 and rows["good"]["status"] == "ok" and rows["good"]["reason"] is None
     assert rows["needs-gpu"]["status"] == "excluded: backend" and "[environment].gpus = 1" in rows["needs-gpu"]["reason"]
-    assert rows["multi-step"]["status"] == "excluded: unsupported"
+    assert rows["future-schema"]["status"] == "excluded: unsupported"
     code, out, _ = invoke("env", "tasks", "harbor", "--path", str(tmp_path), "--no-check", "--json")
     assert code == 0 and {r["status"] for r in json.loads(out)} == {"unchecked"}
 
@@ -91,12 +94,12 @@ def namespaced_local():
 def test_env_validate_checks_the_rest_of_the_set(tmp_path, namespaced_local):
     make_task(tmp_path, "good")
     make_task(tmp_path, "needs-gpu", toml=GPU_TOML)
-    make_task(tmp_path, "multi-step", toml=STEPS_TOML)
+    make_task(tmp_path, "future-schema", toml=FUTURE_TOML)
     code, out, err = invoke("env", "validate", "harbor", "--path", str(tmp_path), "--json")
     report = json.loads(out)
     assert code == 0, err
     assert [(t["task"], t["passed"]) for t in report["tasks"]] == [("good", True)]
-    assert {e["task"]: e["kind"] for e in report["excluded"]} == {"needs-gpu": "backend", "multi-step": "unsupported"}
+    assert {e["task"]: e["kind"] for e in report["excluded"]} == {"needs-gpu": "backend", "future-schema": "unsupported"}
     code, out, err = invoke("env", "validate", "harbor", "--path", str(tmp_path))
     assert code == 0 and "1/1 tasks passed, 2 excluded" in out and "needs-gpu [backend]" in out
 
@@ -165,6 +168,6 @@ def test_eval_leaves_out_only_the_tasks_the_backend_cannot_run(tmp_path, capsys)
     backend = SimpleNamespace(capabilities=lambda: LOCAL_CAPS)
     tasks = runnable_eval_tasks(EvalTasks(source, source.task_ids(), "no split", 5), "local", backend)
     assert tasks.ids == ["good"] and {e.task_id for e in tasks.excluded} == {
-        "needs-gpu", "multi-step", "ubuntu-image", "no-test"}
+        "needs-gpu", "future-schema", "ubuntu-image", "no-test"}
     assert "1 eval task(s) of environment 'harbor' (no split); 4 excluded" in tasks.describe()
     assert "needs-gpu [backend]" in capsys.readouterr().out

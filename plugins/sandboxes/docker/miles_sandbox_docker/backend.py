@@ -19,6 +19,7 @@ from miles_sandbox_docker.lifecycle import OWNER_LABEL, Limiter, StepMetrics, ow
 from miles_sandbox_docker.options import DockerSandboxOptions
 from miles_sandbox_docker.sandbox import DockerSandbox
 from miles_sandbox_docker.scripts import KEEPALIVE, SETUP
+from miles_sandbox_docker.standins import StandInResolver
 
 log = logging.getLogger(__name__)
 BACKEND_LABEL = "miles.backend"
@@ -53,9 +54,11 @@ class DockerSandboxBackend:
         self._slots: set[DockerSandbox] = set()  # sandboxes holding a max_sandboxes slot
         self.limiter = Limiter(o.max_sandboxes, o.max_creates_per_s)
         self.metrics = StepMetrics()
+        self._builds_in_flight: dict[str, asyncio.Lock] = {}  # one build per content at a time
         self._owner = owner_id()
         self.podman_firewall_checked = False  # podman_net.refuse_unless_ready passed once
         self._orphans_swept: asyncio.Task[list[str]] | None = None
+        self.stand_ins = StandInResolver(self)
 
     def capabilities(self) -> Capabilities:
         o = self.options
@@ -70,11 +73,17 @@ class DockerSandboxBackend:
             max_cpus=o.max_cpus,
             max_memory_mb=o.max_memory_mb,
             services=True,
+            keep_entrypoint=True,
         )
 
     def describe(self) -> dict[str, Any]:
         detail = f"{self.cli.engine_name()} CLI {self.cli.executable_or_name()}"
-        return {"detail": detail, "metrics": self.metrics.snapshot()}
+        return {"detail": detail, "metrics": self.metrics.snapshot(), "images_stood_in": self.images_stood_in}
+
+    @property
+    def images_stood_in(self) -> dict[str, str]:
+        """Image references this backend could not get and stood in for: ref -> stand-in image."""
+        return dict(self.stand_ins.stood_in)
 
     def stats(self) -> dict[str, float]:
         """Per-step metrics: create / exec / destroy latency (p50, p95, n), builds and build cache hits."""
@@ -126,27 +135,30 @@ class DockerSandboxBackend:
 
     async def image_for(self, spec: SandboxSpec, run_id: str) -> str:
         """The local image for a spec: built from ``spec.build`` (cached by content hash), else
-        ``spec.image`` / ``default_image`` through the image map, pulled per the pull policy."""
+        ``spec.image`` / ``default_image`` through the image map, pulled per the pull policy; a
+        reference that cannot be had is stood in for (standins.py), in FROM lines too."""
         o = self.options
         if spec.build is not None:
             counters: dict[str, int] = {}
             tag = await images.ensure_build(
                 self.cli, spec.build, run_id=run_id, timeout_s=o.build_timeout_s, retry=o.retry,
                 image_map=o.image_map, network=o.build_network, stats=counters,
+                resolve_from=self.stand_ins.from_ref, builds_in_flight=self._builds_in_flight,
             )
             for key, n in counters.items():
                 self.metrics.count(key, n)
             return tag
-        image = images.map_image(spec.image or o.default_image, o.image_map)
-        await images.ensure_image(self.cli, image, pull=o.pull, timeout_s=o.pull_timeout_s, retry=o.retry)
-        return image
+        return await self.stand_ins.image(spec.image or o.default_image)
 
     def run_args(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str],
                  network: str | None = None) -> list[str]:
         """The ``docker run`` arguments for a spec (public for tests and debugging); ``network``:
         the sandbox's own network when it has services."""
         o, res = self.options, spec.resources
-        args = ["run", "--detach", "--init", "--rm", "--pull", "never", "--name", container]
+        # a kept ENTRYPOINT that exits must leave its exit code and output to report: no --rm
+        # (close removes the container either way)
+        args = ["run", "--detach", "--init", *([] if spec.keep_entrypoint else ["--rm"]), "--pull", "never",
+                "--name", container]
         for key, value in labels.items():
             args += ["--label", f"{key}={value}"]
         args += ["--network", network or ("none" if spec.network.mode == "none" else o.public_network)]
@@ -177,9 +189,13 @@ class DockerSandboxBackend:
         # podman refuses a --workdir the image lacks (docker creates it); setup creates it, and
         # commands start there either way
         workdir = spec.workdir or "/" if self.cli.engine_name() == "docker" else "/"
-        args += ["--workdir", workdir, "--entrypoint", "/bin/sh", image, "-c", KEEPALIVE, "miles-keepalive"]
-        args.append(f"{spec.ttl_s:g}" if spec.ttl_s else "")
-        return args
+        keepalive = ["-c", KEEPALIVE, "miles-keepalive", f"{spec.ttl_s:g}" if spec.ttl_s else ""]
+        if spec.keep_entrypoint:
+            # as Harbor's compose starts it: the image's ENTRYPOINT and WORKDIR, the keep-alive as
+            # the command (an entrypoint script ending in `exec "$@"` hands over to it); commands
+            # still start in spec.workdir
+            return [*args, image, "/bin/sh", *keepalive]
+        return [*args, "--workdir", workdir, "--entrypoint", "/bin/sh", image, *keepalive]
 
     async def _run_container(self, container: str, image: str, spec: SandboxSpec, labels: dict[str, str],
                              network: str | None = None) -> str:
@@ -223,7 +239,25 @@ class DockerSandboxBackend:
         args += [sb.container, "/bin/sh", "-c", script, "miles-setup", *dirs]
         res = await self.cli.run(args, what=what, check=False)
         if res.rc != 0:
+            if spec.keep_entrypoint:
+                exited = await self.entrypoint_exit(sb)
+                if exited:
+                    raise SandboxError(f"{what}: {exited}")
             raise sb._exec_failure(res.err, what=what)
+
+    async def entrypoint_exit(self, sb: DockerSandbox) -> str | None:
+        """Why a container started with its image's ENTRYPOINT is not running (its exit code and
+        last output), or None when it runs or cannot be inspected."""
+        state = await self.cli.run(["container", "inspect", "--format", "{{.State.Running}} {{.State.ExitCode}}",
+                                    sb.container], what=f"inspect sandbox {sb.id}", check=False)
+        running, _, code = state.stdout.decode(errors="replace").strip().partition(" ")
+        if state.rc != 0 or running == "true":
+            return None
+        logs = await self.cli.run(["logs", "--tail", "20", sb.container], what=f"logs of sandbox {sb.id}", check=False)
+        output = (logs.stdout.decode(errors="replace") + logs.err).strip()[-1500:]
+        return (f"the image's ENTRYPOINT exited with code {code} (the sandbox keeps the image's ENTRYPOINT, "
+                f"which must keep running or end in `exec \"$@\"` to hand over to the keep-alive command); "
+                + (f"its last output:\n{output}" if output else "it printed nothing"))
 
     # ---------------------------------------------------------------- removal
     async def _remove(self, container: str, sandbox_id: str) -> None:

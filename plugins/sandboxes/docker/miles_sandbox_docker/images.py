@@ -8,11 +8,13 @@ and passed with ``--file``, so the task directory is never modified and the engi
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 
 from miles_engine.errors import SandboxError
@@ -49,6 +51,24 @@ def map_dockerfile(text: str, image_map: Mapping[str, str]) -> str:
             line = m.group(1) + m.group(2) + map_image(m.group(3), image_map) + m.group(4) + end
         out.append(line)
     return "".join(out)
+
+
+def from_refs(text: str) -> list[str]:
+    """The image references of a Dockerfile's FROM lines: not ``scratch``, not an earlier
+    stage's name, not one built from an ARG (``$``)."""
+    stages: set[str] = set()
+    refs: list[str] = []
+    for line in text.splitlines():
+        m = _FROM.match(line)
+        if not m:
+            continue
+        ref = m.group(3)
+        if ref.lower() != "scratch" and ref.lower() not in stages and "$" not in ref and ref not in refs:
+            refs.append(ref)
+        stage = re.match(r"\s+AS\s+(\S+)", m.group(4), re.IGNORECASE)
+        if stage:
+            stages.add(stage.group(1).lower())
+    return refs
 
 
 def failed_step(output: str) -> str | None:
@@ -127,9 +147,14 @@ async def ensure_build(
     image_map: Mapping[str, str] | None = None,
     network: str = "default",
     stats: dict[str, int] | None = None,
+    resolve_from: Callable[[str], Awaitable[str]] | None = None,
+    builds_in_flight: dict[str, asyncio.Lock] | None = None,
 ) -> str:
     """Build the context (unless an image of the same content exists) and return its tag.
-    ``stats`` counts ``build_cache_hits`` / ``builds``."""
+    ``stats`` counts ``build_cache_hits`` / ``builds``. ``resolve_from`` (the backend's stand-in
+    look-up, which applies the image map itself) gives the image for each FROM reference;
+    without it the FROM lines go through ``image_map``. ``builds_in_flight`` (one dict per backend):
+    concurrent calls for the same content wait for one build instead of each building it."""
     ctx = Path(build.context_dir)
     dockerfile = ctx / build.dockerfile
     if not ctx.is_dir():
@@ -137,49 +162,54 @@ async def ensure_build(
     if not dockerfile.is_file():
         raise SandboxError(f"docker sandbox: no Dockerfile at '{dockerfile}' (spec.build.dockerfile)")
     original = dockerfile.read_text(encoding="utf-8", errors="replace")
-    mapped = map_dockerfile(original, image_map or {})
+    if resolve_from is not None:
+        mapped = map_dockerfile(original, {ref: await resolve_from(ref) for ref in from_refs(original)})
+    else:
+        mapped = map_dockerfile(original, image_map or {})
     tag = f"{BUILD_REPO}:{context_hash(build, mapped)}"
     stats = stats if stats is not None else {}
-    if await image_present(cli, tag):
-        stats["build_cache_hits"] = stats.get("build_cache_hits", 0) + 1
-        return tag
-    stats["builds"] = stats.get("builds", 0) + 1
-    with tempfile.TemporaryDirectory(prefix="miles-dockerfile-") as tmp:
-        file_arg = dockerfile
-        if mapped != original:
-            file_arg = Path(tmp, "Dockerfile")
-            file_arg.write_text(mapped, encoding="utf-8")
-        args = ["build", "--force-rm", "--tag", tag, "--file", str(file_arg), "--label", f"{RUN_LABEL}={run_id}"]
-        if network != "default":
-            args += ["--network", network]
-        what = f"build '{dockerfile}'"
+    lock = builds_in_flight.setdefault(tag, asyncio.Lock()) if builds_in_flight is not None else None
+    async with lock or contextlib.nullcontext():
+        if await image_present(cli, tag):
+            stats["build_cache_hits"] = stats.get("build_cache_hits", 0) + 1
+            return tag
+        stats["builds"] = stats.get("builds", 0) + 1
+        with tempfile.TemporaryDirectory(prefix="miles-dockerfile-") as tmp:
+            file_arg = dockerfile
+            if mapped != original:
+                file_arg = Path(tmp, "Dockerfile")
+                file_arg.write_text(mapped, encoding="utf-8")
+            args = ["build", "--force-rm", "--tag", tag, "--file", str(file_arg), "--label", f"{RUN_LABEL}={run_id}"]
+            if network != "default":
+                args += ["--network", network]
+            what = f"build '{dockerfile}'"
 
-        async def do_build() -> None:
-            res = await cli.run([*args, str(ctx)], what=what, timeout_s=timeout_s, check=False, max_stdout=4 << 20)
-            if res.rc == 0:
-                return
-            output = res.stdout.decode(errors="replace") + "\n" + res.err
-            step_failed = any(m in output.lower() for m in _STEP_FAILED)  # a RUN step failed: deterministic
-            err = classify(what, res.err or output[-2000:])
-            if not step_failed and isinstance(err, (EngineUnreachable, TransientError, QuotaError)):
-                raise err
-            step = failed_step(output)
-            tail = "\n".join(line for line in output.splitlines()[-8:] if line.strip())
-            hint = ""
-            if network == "none":
-                hint = " (builds run with build_network='none': a step that needs the network cannot succeed)"
-            raise SandboxError(
-                f"docker sandbox: building '{dockerfile}' failed"
-                + (f" at {step}" if step else "")
-                + f"{hint}:\n{tail}"
-            )
+            async def do_build() -> None:
+                res = await cli.run([*args, str(ctx)], what=what, timeout_s=timeout_s, check=False, max_stdout=4 << 20)
+                if res.rc == 0:
+                    return
+                output = res.stdout.decode(errors="replace") + "\n" + res.err
+                step_failed = any(m in output.lower() for m in _STEP_FAILED)  # a RUN step failed: deterministic
+                err = classify(what, res.err or output[-2000:])
+                if not step_failed and isinstance(err, (EngineUnreachable, TransientError, QuotaError)):
+                    raise err
+                step = failed_step(output)
+                tail = "\n".join(line for line in output.splitlines()[-8:] if line.strip())
+                hint = ""
+                if network == "none":
+                    hint = " (builds run with build_network='none': a step that needs the network cannot succeed)"
+                raise SandboxError(
+                    f"docker sandbox: building '{dockerfile}' failed"
+                    + (f" at {step}" if step else "")
+                    + f"{hint}:\n{tail}"
+                )
 
-        try:
-            await retry_idempotent(do_build, what=what, policy=retry)
-        except EngineUnreachable:
-            raise
-        except SandboxError as exc:
-            if str(exc).startswith("docker sandbox: building"):
+            try:
+                await retry_idempotent(do_build, what=what, policy=retry)
+            except EngineUnreachable:
                 raise
-            raise SandboxError(f"docker sandbox: building '{dockerfile}' failed: {exc}") from exc
-    return tag
+            except SandboxError as exc:
+                if str(exc).startswith("docker sandbox: building"):
+                    raise
+                raise SandboxError(f"docker sandbox: building '{dockerfile}' failed: {exc}") from exc
+        return tag

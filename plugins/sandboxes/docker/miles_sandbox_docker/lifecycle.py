@@ -92,7 +92,7 @@ class StepMetrics:
     def window(self) -> dict[str, float]:
         """What happened since the last call (one training step's worth): ``sandbox/<step>_p50_s``,
         ``_p95_s`` and ``_n`` of the latencies observed since, and each counter's increase
-        (``sandbox/builds``, ``sandbox/build_cache_hits``, 0 when none)."""
+        (``sandbox/builds``, ``sandbox/build_cache_hits``, ``sandbox/images_stood_in``, 0 when none)."""
         out: dict[str, float] = {}
         for step, recent in self._recent.items():
             values = list(recent)
@@ -100,7 +100,7 @@ class StepMetrics:
             out[f"sandbox/{step}_n"] = float(len(values))
             if values:
                 out[f"sandbox/{step}_p50_s"], out[f"sandbox/{step}_p95_s"] = _quantiles(values)
-        for key in sorted({"builds", "build_cache_hits", *self.counts}):
+        for key in sorted({"builds", "build_cache_hits", "images_stood_in", *self.counts}):
             now = self.counts.get(key, 0)
             out[f"sandbox/{key}"] = float(now - self._counts_logged.get(key, 0))
             self._counts_logged[key] = now

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from miles_engine.components import Section
-from miles_engine.errors import ConfigError
+from miles_engine.errors import ConfigError, SandboxError
 from miles_engine.sandbox.protocol import DEFAULT_MAX_OUTPUT_BYTES
 from miles_engine.sandbox.remote import RetryPolicy
 
@@ -35,6 +36,25 @@ class DockerSandboxOptions(Section):
         description="image reference -> local or mirror image, applied to spec images and to Dockerfile FROM "
         "lines (e.g. {'ubuntu:24.04': 'mirror.local/ubuntu:24.04'}); default: $MILES_DOCKER_IMAGE_MAP as "
         "'ref=image,ref=image'",
+    )
+    stand_in: bool = Field(
+        True, description="use a stand-in image (stand_ins patterns) where the real one cannot be had: not "
+        "present and not pullable under the pull policy (pull errors, or pull='never')")
+    stand_ins: dict[str, str] = Field(
+        default_factory=lambda: _env_map("MILES_DOCKER_STAND_INS", what="PATTERN=FAMILY_OR_IMAGE"),
+        description="image-name glob pattern -> stand-in family (python, python-full, tb-python, tb-ubuntu, "
+        "debian, ubuntu, buildpack-deps, alpine, or one of stand_in_families) or an image reference; tried "
+        "before the built-in patterns, first match wins; matched without a docker.io/[library/] prefix and a "
+        "digest (e.g. {'myorg/py:*': 'python'}); default: $MILES_DOCKER_STAND_INS as 'pattern=target,...'",
+    )
+    stand_in_families: dict[str, list[str]] = Field(
+        default_factory=dict, description="more stand-in families: name -> Debian packages installed on "
+        "stand_in_base (e.g. {'node': ['nodejs', 'npm']}); a name of a built-in family replaces it")
+    stand_in_defaults: bool = Field(True, description="apply the built-in patterns after stand_ins")
+    stand_in_base: str = Field(
+        default_factory=lambda: os.environ.get("MILES_DOCKER_STAND_IN_BASE") or "miles-base:bookworm",
+        description="the image stand-in families are built FROM (Debian; apt from the Debian mirror during the "
+        "build); default: $MILES_DOCKER_STAND_IN_BASE, else miles-base:bookworm (scripts/container_engine.sh)",
     )
     public_network: str = Field(
         default_factory=lambda: os.environ.get("MILES_DOCKER_PUBLIC_NETWORK") or "bridge",
@@ -117,14 +137,43 @@ class DockerSandboxOptions(Section):
                 raise ValueError(f"image_map entries need a reference and an image, got {ref!r}: {image!r}")
         return value
 
+    @field_validator("stand_ins")
+    @classmethod
+    def _stand_in_targets(cls, value: dict[str, str]) -> dict[str, str]:
+        for pattern, target in value.items():
+            if not pattern.strip() or not target.strip():
+                raise ValueError(f"stand_ins entries need a pattern and a family or image, got {pattern!r}: {target!r}")
+        return value
 
-def _env_map(var: str) -> dict[str, str]:
+    @field_validator("stand_in_families")
+    @classmethod
+    def _family_packages(cls, value: dict[str, list[str]]) -> dict[str, list[str]]:
+        for name, packages in value.items():
+            if not re.fullmatch(r"[a-z0-9][a-z0-9._-]*", name):
+                raise ValueError(f"stand_in_families: name {name!r} must be lower-case letters, digits, '.', '_', '-'")
+            bad = [p for p in packages if not re.fullmatch(r"[a-z0-9][a-z0-9+.:=~-]*", p)]
+            if bad or not packages:
+                raise ValueError(f"stand_in_families[{name!r}]: {bad or 'no packages'} (want Debian package names)")
+        return value
+
+    @model_validator(mode="after")
+    def _stand_in_map(self) -> DockerSandboxOptions:
+        from miles_sandbox_docker.standins import StandInMap  # an unknown family or a bad image: one error
+
+        try:
+            StandInMap.build(self.stand_ins, self.stand_in_families, defaults=self.stand_in_defaults)
+        except SandboxError as exc:
+            raise ValueError(str(exc)) from exc
+        return self
+
+
+def _env_map(var: str, what: str = "REF=IMAGE") -> dict[str, str]:
     """'a=b,c=d' from the environment as a mapping (a malformed entry is an error naming it)."""
     raw = os.environ.get(var, "").strip()
     out: dict[str, str] = {}
     for item in filter(None, (part.strip() for part in raw.split(","))):
         ref, sep, image = item.partition("=")
         if not sep or not ref or not image:
-            raise ConfigError(f"${var}: entry {item!r} is not REF=IMAGE (expected 'ref=image,ref=image')")
+            raise ConfigError(f"${var}: entry {item!r} is not {what} (expected '{what.lower()},{what.lower()}')")
         out[ref] = image
     return out

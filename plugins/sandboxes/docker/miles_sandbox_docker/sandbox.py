@@ -181,6 +181,8 @@ class DockerSandbox:
         if out.startswith(START_MARK):
             out = out[len(START_MARK) :]
         elif not timed_out:  # docker never started the command: the sandbox is the problem
+            if self.spec.keep_entrypoint and self.dead_reason is None:  # the image's ENTRYPOINT may have exited
+                self.dead_reason = await self.backend.entrypoint_exit(self)
             raise self._exec_failure(err.decode(errors="replace"))
         return ExecResult(
             exit_code=None if timed_out else proc.returncode,

@@ -101,7 +101,8 @@ def make_fake(root: Path) -> FakeDocker:
 
 # Engine settings that scripts/container_engine.sh exports for the real engine; the fake
 # engine's tests must not inherit them (its registry knows no miles-base image).
-ENGINE_ENV = ("DOCKER_HOST", "MILES_DOCKER_BINARY", "MILES_DOCKER_IMAGE_MAP", "MILES_DOCKER_PUBLIC_NETWORK", "MILES_DOCKER_BUILD_NETWORK")
+ENGINE_ENV = ("DOCKER_HOST", "MILES_DOCKER_BINARY", "MILES_DOCKER_IMAGE_MAP", "MILES_DOCKER_PUBLIC_NETWORK",
+              "MILES_DOCKER_BUILD_NETWORK", "MILES_DOCKER_STAND_INS", "MILES_DOCKER_STAND_IN_BASE")
 
 
 @pytest.fixture

@@ -191,8 +191,19 @@ def cmd_run(argv: list[str]) -> None:
              "network": flags.get("--network", ["bridge"])[0], "env": flags.get("--env", []),
              "hostname": flags.get("--hostname", [cid[:12]])[0], "pid": 0}
         entry = flags.get("--entrypoint", [])
-        proc = subprocess.Popen(bwrap(c, entry + args, base_env(c), workdir), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        err_path = STATE / "containers" / cid / "main.err"
+        with open(err_path, "wb") as err:
+            proc = subprocess.Popen(bwrap(c, entry + args, base_env(c), workdir), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+        # as dockerd, answer once the container's process runs (bwrap may fail to set it up)
+        deadline = time.monotonic() + 60
+        while not container_pids(cid) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        setup_error = err_path.read_text(errors="replace").strip() if proc.poll() is not None else ""
+        if setup_error.startswith("bwrap:"):  # the container never ran (not: its program ran and exited)
+            shutil.rmtree(STATE / "containers" / cid, ignore_errors=True)
+            fail(f"docker: Error response from daemon: failed to create task for container {cid[:12]}: "
+                 f"{setup_error}", 125)
         c["pid"] = proc.pid
         (STATE / "containers" / cid / "meta.json").write_text(json.dumps(c))
     print(cid)

@@ -18,6 +18,7 @@ from miles_engine.sandbox.remote import RetryPolicy
 from miles_sandbox_docker.backend import DockerSandboxBackend
 from miles_sandbox_docker.cli import EngineUnreachable
 from miles_sandbox_docker.options import DockerSandboxOptions
+from miles_sandbox_docker.scripts import KEEPALIVE
 
 from .conftest import FakeDocker, needs_bwrap
 
@@ -148,6 +149,18 @@ def test_run_arguments_carry_spec_labels_resources_and_network(fake_docker: Fake
     assert "--storage-opt" not in joined and args[-1] == "30"
     none = be.run_args("n", "i", SandboxSpec(), {})
     assert none[none.index("--network") + 1] == "none" and none[-1] == ""
+
+
+
+def test_kept_entrypoint_gets_the_keepalive_as_its_command_and_no_rm(fake_docker: FakeDocker):
+    be = backend(fake_docker)
+    kept = be.run_args("c", "img", SandboxSpec(keep_entrypoint=True, ttl_s=30), {})
+    assert "--entrypoint" not in kept and "--rm" not in kept and "--workdir" not in kept  # the image's own
+    assert kept[kept.index("img"):] == ["img", "/bin/sh", "-c", KEEPALIVE, "miles-keepalive", "30"]
+    replaced = be.run_args("c", "img", SandboxSpec(), {})
+    assert replaced[replaced.index("--entrypoint"):] == ["--entrypoint", "/bin/sh", "img", "-c", KEEPALIVE,
+                                                         "miles-keepalive", ""]
+    assert "--rm" in replaced and be.capabilities().keep_entrypoint
 
 
 @needs_bwrap

@@ -30,7 +30,10 @@ class _DockerLabels:
 class TestDockerContractOnFakeEngine(_DockerLabels, SandboxContract):
     def make_backend(self, request: pytest.FixtureRequest) -> DockerSandboxBackend:
         fake = request.getfixturevalue("fake_engine")
-        return DockerSandboxBackend(DockerSandboxOptions(binary=fake.binary, run_id="contract-" + secrets.token_hex(3)))
+        # the fake's containers share the host's /proc, so the in-container kill script reads every
+        # process of the host: on a loaded box it may outlast the default 10 s bound
+        return DockerSandboxBackend(DockerSandboxOptions(binary=fake.binary, run_id="contract-" + secrets.token_hex(3),
+                                                         kill_timeout_s=60))
 
     def test_no_container_or_process_left(self, sandbox_backend: DockerSandboxBackend, fake_engine, run) -> None:
         run(sandbox_backend.aclose())

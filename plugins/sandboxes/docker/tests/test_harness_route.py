@@ -20,6 +20,7 @@ from miles_engine.sandbox.protocol import RUN_LABEL
 from miles_engine.tito.harness import default_harness_dir
 from miles_engine.tito.harness_check import check_harness
 from miles_sandbox_docker.options import DockerSandboxOptions
+from miles_sandbox_docker.standins import StandInMap
 from tests.tito.harness_kit import check_one_exact_session, custom_harness, require_harness_cli
 from miles_engine.hub import default_hub
 
@@ -43,8 +44,12 @@ def _engine(real_docker: str | None) -> None:
     if real_docker is not None:
         pytest.skip(f"{real_docker} (start one with scripts/container_engine.sh start)")
     opts = DockerSandboxOptions()
+    stand_ins = StandInMap.build(opts.stand_ins, opts.stand_in_families, defaults=opts.stand_in_defaults)
     for ref in ("ubuntu:24.04", opts.route_image):
         image = opts.image_map.get(ref, ref)
+        if stand_ins.match(image) and subprocess.run(["docker", "image", "inspect", image], capture_output=True,
+                                                     timeout=30).returncode:
+            image = opts.stand_in_base  # the backend builds the stand-in family from it
         if subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=30).returncode:
             pytest.skip(f"no local image for {ref} (scripts/container_engine.sh start builds one and maps it)")
 

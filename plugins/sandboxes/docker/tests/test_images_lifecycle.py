@@ -120,3 +120,49 @@ def test_step_metrics_window_is_what_happened_since_the_last_call():
     assert second["sandbox/exec_n"] == 1 and second["sandbox/exec_p50_s"] == 0.1 and second["sandbox/create_n"] == 0
     assert (second["sandbox/builds"], second["sandbox/build_cache_hits"]) == (0.0, 3.0)
     assert m.snapshot()["sandbox/exec_n"] == 2  # the cumulative view is unchanged by windows
+
+
+class _BuildingCli:
+    """Just enough of DockerCli for ensure_build: ``image inspect`` and a build that takes a while."""
+
+    def __init__(self) -> None:
+        self.images: set[str] = set()
+        self.builds: list[str] = []
+
+    async def run(self, args, *, what, check=True, **_):
+        from miles_sandbox_docker.cli import CliResult
+
+        if args[:2] == ["image", "inspect"]:
+            present = args[-1] in self.images
+            return CliResult(0 if present else 1, b"", b"" if present else f"Error: No such image: {args[-1]}".encode())
+        assert args[0] == "build", args
+        tag = args[args.index("--tag") + 1]
+        self.builds.append(tag)
+        await asyncio.sleep(0.05)
+        self.images.add(tag)
+        return CliResult(0, b"", b"")
+
+
+@pytest.mark.parametrize("single_flight", [True, False])
+def test_concurrent_creates_of_one_build_context_build_it_once(tmp_path, single_flight):
+    from miles_engine.sandbox.protocol import BuildContext
+    from miles_engine.sandbox.remote import RetryPolicy
+    from miles_sandbox_docker.images import ensure_build
+
+    (tmp_path / "Dockerfile").write_text("FROM miles-base:bookworm\nRUN true\n")
+    cli, stats, in_flight = _BuildingCli(), {}, {}
+
+    async def build() -> str:
+        return await ensure_build(cli, BuildContext(context_dir=str(tmp_path)), run_id="r", timeout_s=10,
+                                  retry=RetryPolicy(), stats=stats,
+                                  builds_in_flight=in_flight if single_flight else None)
+
+    async def main() -> list[str]:
+        return await asyncio.gather(*(build() for _ in range(3)))
+
+    tags = asyncio.run(main())
+    assert len(set(tags)) == 1
+    if single_flight:
+        assert cli.builds == tags[:1] and stats == {"builds": 1, "build_cache_hits": 2}
+    else:  # each caller builds the same content: what builds_in_flight prevents
+        assert len(cli.builds) == 3 and stats == {"builds": 3}

@@ -5,7 +5,8 @@ map ``ubuntu:24.04 -> miles-base:bookworm``). Skipped, with the reason, where no
 Covered: the hostile-command suite; a fork bomb at the pids limit stopped without losing the
 sandbox; memory limit; Dockerfile builds cached by content, a build needing the network with
 none allowed failing at its step; Harbor and terminal-bench tasks built from their own
-directories (oracle 1.0, no-op 0.0 through ``miles env validate``); a SIGKILLed run's
+directories (oracle 1.0, no-op 0.0 through ``miles env validate``), a multi-step Harbor task's
+steps in one container; a SIGKILLed run's
 containers swept by the next start and by ``miles sandbox sweep``. Sidecars and compose tasks:
 test_real_engine_services.py; the helpers: real_engine.py."""
 
@@ -220,3 +221,37 @@ def test_concurrency_limit_holds_on_the_engine():
 
     assert run(go())
     assert be.stats()["sandbox/create_n"] == 3 and containers_of(be.run_id) == []
+
+
+def test_a_multi_step_harbor_task_runs_its_steps_in_one_container():
+    """tasks/harbor/two-steps: step 1 solved, step 2 left: Harbor's mean gives 0.5; the step's
+    workdir/setup.sh ran before it; [verifier.env] and [steps.verifier.env] reached test.sh; the
+    declared artifact came out."""
+    from miles_engine.agents.protocol import AgentResult
+    from miles_engine.rollout.episode import run_episode
+    from miles_env_harbor import load_harbor_task
+
+    class FirstStepOnly:
+        name = "first-step-only"
+
+        async def run(self, ctx):
+            await ctx.task.solve(ctx)  # step 'count'
+            follow = await ctx.next_turn()  # verifies 'count', moves the same container to 'sum'
+            hint = await ctx.call_tool("bash", {"command": "cat /app/hint.txt"})
+            return AgentResult(turns=1, info={"next": follow, "hint": hint.content})
+
+    be = backend()
+
+    async def go():
+        try:
+            return await run_episode(load_harbor_task(TASKS / "harbor" / "two-steps"), FirstStepOnly(), be)
+        finally:
+            await be.aclose()
+
+    result = run(go())
+    assert (result.reward.reward, result.reward.error) == (0.5, None), result.reward
+    assert result.reward.components == {"reward": 0.5, "steps.count.reward": 1.0, "steps.sum.reward": 0.0}
+    assert result.agent.info["hint"] == "use awk\n" and "sum of the numbers" in result.agent.info["next"][0]["content"]
+    artifacts = result.info["harbor_steps"]["artifacts"]
+    assert artifacts["count"]["files"]["steps/count/app/count.txt"] == "3\n"
+    assert containers_of(be.run_id) == []

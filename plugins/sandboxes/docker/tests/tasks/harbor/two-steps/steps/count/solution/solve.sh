@@ -1,0 +1,2 @@
+#!/bin/bash
+wc -l < /app/numbers.txt | tr -d " " > /app/count.txt

@@ -1,0 +1,2 @@
+#!/bin/bash
+echo "use awk" > /app/hint.txt
