@@ -1,0 +1,36 @@
+"""A torch trainer's whole state as a checkpoint holds it (``TorchTrainer.state_dict`` /
+``load_state_dict``): parameter-name keyed, so it loads into either backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from miles_engine.trainer import lora
+
+
+def full_state(trainer: Any) -> dict[str, Any]:
+    opts = [trainer.optimizer] + ([trainer._sft_opt[0]] if trainer._sft_opt else [])
+    model_sd, optim_sds = trainer.comm.full_state(trainer.root, opts)
+    if trainer.config.lora.enabled:  # the frozen base (and the reference) come back from the model source
+        model_sd = {k: v for k, v in model_sd.items()
+                    if lora.is_adapter_key(k) or not k.startswith(("policy.", "reference."))}
+    state = {"format": 1, "model": model_sd, "optimizer": optim_sds[0], "scheduler": trainer.scheduler.state_dict(),
+             "weight_version": trainer.weight_version, "rl_steps": trainer.rl_steps, "sft_steps": trainer.sft_steps}
+    if trainer._sft_opt:
+        state.update(sft_optimizer=optim_sds[1], sft_scheduler=trainer._sft_opt[1].state_dict())
+    return state
+
+
+def load_full_state(trainer: Any, state: dict[str, Any]) -> None:
+    pairs = [(trainer.optimizer, state.get("optimizer") or {})]
+    if "sft_optimizer" in state:
+        opt, sched = trainer.sft_optimizer()
+        if opt is trainer.optimizer:
+            raise ValueError("checkpoint has an SFT optimizer but trainer.sft.optimizer is not configured")
+        pairs.append((opt, state["sft_optimizer"] or {}))
+        sched.load_state_dict(state["sft_scheduler"])
+    trainer.comm.load_full_state(trainer.root, state.get("model") or {}, pairs,
+                                 strict=not trainer.config.lora.enabled)
+    trainer.scheduler.load_state_dict(state["scheduler"])
+    trainer.weight_version = int(state["weight_version"])
+    trainer.rl_steps, trainer.sft_steps = int(state.get("rl_steps", 0)), int(state.get("sft_steps", 0))
