@@ -3,6 +3,7 @@
     .venv/bin/python bench/async_vs_sync.py           # full: 3 seeds x (async, sync), 12 steps each
     .venv/bin/python bench/async_vs_sync.py --quick   # smoke: 1 seed x (async, sync), 4 steps each (< 3 min)
     .venv/bin/python bench/async_vs_sync.py --latency pareto --pareto-alpha 1.2 --steps 16
+    .venv/bin/python bench/async_vs_sync.py --on-update retract in_place abort wait   # partial rollouts
 
 Figure 2 of issue 5. The ``tiny-terminal`` recipe as shipped (echo + two-turn calc drills, 8x8
 samples per step, trainer in its own process, max staleness 2), except:
@@ -15,7 +16,8 @@ samples per step, trainer in its own process, max staleness 2), except:
   tools (test suites, package installs, remote APIs) do. The k-th load of a task id draws the
   same delays in every run, so A and B see the same latency sequence for the same task stream.
 - a short SFT warm start is done once and shared (so the policy actually calls ``bash``; learning
-  is not measured), and runs differ only in ``rollout.mode``.
+  is not measured), and runs differ only in ``rollout.mode`` (and, with ``--on-update``, in what a
+  push does to the requests running under ``fully_async``: ``rollout.on_update``).
 
 Per run (each a fresh ``miles train`` process, ``run.max_minutes`` 2): steps/s over steps 3..N,
 trainer idle fraction = sum(time/wait) / wall time over the same steps, the step-time split,
@@ -100,15 +102,16 @@ ENV_NAME = "bench.async_vs_sync:make_longtail_drills"
 
 
 # ====================================================================================== runs
-def run_overrides(args: argparse.Namespace, ckpt: Path, mode: str, seed: int, latency_log: Path) -> list[str]:
+def run_overrides(args: argparse.Namespace, ckpt: Path, mode: str, seed: int, latency_log: Path,
+                  on_update: str = "retract") -> list[str]:
     env = "environment.options"
     return [f"environment.name={ENV_NAME}", f"{env}.latency={args.latency}",
             f"{env}.latency_median_s={args.median}", f"{env}.latency_sigma={args.sigma}",
             f"{env}.pareto_alpha={args.pareto_alpha}", f"{env}.pareto_scale_s={args.pareto_scale}",
             f"{env}.latency_cap_s={args.cap}", f"{env}.latency_seed={seed}", f"{env}.latency_log={latency_log}",
             "sft.enabled=false", f"model.path={ckpt}", f"tokenizer.path={ckpt / 'tokenizer.json'}",
-            f"rollout.mode={mode}", f"seed={seed}", f"rollout.task_seed={seed}", f"run.steps={args.steps}",
-            f"run.max_minutes={args.max_run_minutes}", "trainer.num_threads=1", "engine.threads=1",
+            f"rollout.mode={mode}", f"rollout.on_update={on_update}", f"seed={seed}", f"rollout.task_seed={seed}", f"run.steps={args.steps}",
+            f"run.max_minutes={args.max_run_minutes}", "trainer.num_threads=1", "engines.0.options.threads=1",
             # a step's worth in flight: slow tools need more episodes waiting at once than the
             # recipe's CPU-bound drills (32); with 32 this figure measured 1.92x (session 5), with 64 2.06x
             "rollout.max_inflight=64"]
@@ -138,6 +141,9 @@ def summarize(res: dict[str, Any], mode: str, latency_log: Path) -> dict[str, An
         "episode_avg": last.get("scheduler/episode_time_avg"), "episode_max": last.get("scheduler/episode_time_max"),
         "inflight_avg": last.get("scheduler/inflight_avg"),
         "staleness": med([r.get("buffer/taken/s_old_avg") for r in rows]),
+        "span": max((r.get("buffer/taken/delta_gen_max") or 0.0 for r in rows), default=None),
+        "retracted": sum(r.get("engine/retracted", 0.0) for r in rows),
+        "aborted": sum(r.get("engine/aborted", 0.0) for r in rows),
         "holds": last.get("scheduler/admission_holds"),
         "tool_use": med([r.get("rollout/tool_use_rate") for r in rows]),
         "reward": med([r.get("reward/mean") for r in rows]),
@@ -159,11 +165,11 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, ckpt_info: dict
              f"1 torch thread/process); SFT warm start {ckpt_info['sft_steps']} steps, shared; "
              f"{args.steps} RL steps per run (cap {args.max_run_minutes} min); seeds {args.seeds}", ""]
     head = ["mode", "seed", "steps", "steps/s", "samples/s", "idle frac", "s/step", "wait", "train", "push",
-            "episode avg/max s", "staleness", "failed traj", "dropped groups", "tool use", "reward", "tool calls", "delay mean/p99/max s",
+            "episode avg/max s", "staleness", "version span max", "retracted / aborted", "failed traj", "dropped groups", "tool use", "reward", "tool calls", "delay mean/p99/max s",
             "wall s"]
     body = [[r["mode"], r["seed"], r["steps"], _f(r["steps_per_s"], 3), r["samples_per_s"], r["idle"], r["step_s"],
              r["wait"], r["train"], r["push"], f"{_f(r['episode_avg'])}/{_f(r['episode_max'])}", r["staleness"],
-             r["failed"], r["dropped_groups"], r["tool_use"], r["reward"], r["tool_calls"],
+             r["span"], f"{r['retracted']:.0f} / {r['aborted']:.0f}", r["failed"], r["dropped_groups"], r["tool_use"], r["reward"], r["tool_calls"],
              f"{_f(r['delay_mean'])}/{_f(r['delay_p99'])}/{_f(r['delay_max'])}", r["wall_s"]] for r in runs]
     lines += [table(head, body), ""]
     lines.append("steps/s, samples/s and idle frac over steps 3..N (idle = sum of time/wait / wall time). "
@@ -173,18 +179,21 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, ckpt_info: dict
     if args.keepalive_workaround:
         lines.append("Run with --keepalive-workaround (session server keep-alive raised to 60 s, bench-only).")
     lines.append("")
-    a = [r for r in runs if r["mode"] == "fully_async"]
     s = [r for r in runs if r["mode"] == "sync"]
-    rows2 = []
-    for key, label in (("steps_per_s", "steps/s"), ("samples_per_s", "samples/s"), ("idle", "trainer idle fraction"),
-                       ("step_s", "s/step"), ("wait", "wait s/step"), ("train", "train s/step"),
-                       ("staleness", "staleness (avg S_old)"), ("cpu_s", "CPU s per run (whole)")):
-        ma, ms = med([r[key] for r in a]), med([r[key] for r in s])
-        rows2.append([label, med_range([r[key] for r in a], "{:.3f}"), med_range([r[key] for r in s], "{:.3f}"),
-                      f"{ma / ms:.2f}x" if ma is not None and ms else "–"])
-    paired = [x["steps_per_s"] / y["steps_per_s"] for x, y in zip(a, s) if x["steps_per_s"] and y["steps_per_s"]]
-    rows2.append(["paired steps/s ratio (same seed)", "", "", med_range(paired, "{:.2f}x") if paired else "–"])
-    lines += [table(["metric", "fully_async median [range]", "sync median [range]", "ratio async/sync"], rows2)]
+    for variant in dict.fromkeys(r["mode"] for r in runs if r["mode"] != "sync"):
+        a = [r for r in runs if r["mode"] == variant]
+        rows2 = []
+        for key, label in (("steps_per_s", "steps/s"), ("samples_per_s", "samples/s"),
+                           ("idle", "trainer idle fraction"), ("step_s", "s/step"), ("wait", "wait s/step"),
+                           ("train", "train s/step"), ("staleness", "staleness (avg S_old)"),
+                           ("cpu_s", "CPU s per run (whole)")):
+            ma, ms = med([r[key] for r in a]), med([r[key] for r in s])
+            rows2.append([label, med_range([r[key] for r in a], "{:.3f}"), med_range([r[key] for r in s], "{:.3f}"),
+                          f"{ma / ms:.2f}x" if ma is not None and ms else "–"])
+        paired = [x["steps_per_s"] / y["steps_per_s"] for x, y in zip(a, s) if x["steps_per_s"] and y["steps_per_s"]]
+        rows2.append(["paired steps/s ratio (same seed)", "", "", med_range(paired, "{:.2f}x") if paired else "–"])
+        lines += [table(["metric", f"{variant} median [range]", "sync median [range]", f"ratio {variant}/sync"], rows2),
+                  ""]
     return "\n".join(lines)
 
 
@@ -210,6 +219,8 @@ def main() -> None:
     p.add_argument("--sft-steps", type=int, default=None, help="SFT warm-start steps (default 150; quick 32)")
     p.add_argument("--checkpoint", type=Path, default=None, help="reuse a checkpoint dir from a previous run")
     p.add_argument("--out", type=Path, default=None, help="work dir (default /tmp/miles-bench/async-vs-sync-<time>)")
+    p.add_argument("--on-update", nargs="+", default=["retract"], choices=["retract", "in_place", "abort", "wait"],
+                   help="rollout.on_update of the fully_async runs (each one a variant against sync)")
     p.add_argument("--keepalive-workaround", action="store_true",
                    help="raise the session server's HTTP keep-alive to 60 s (bench-only patch; see rl_common.py)")
     args = p.parse_args()
@@ -233,16 +244,18 @@ def main() -> None:
     ckpt = Path(ckpt_info["dir"])
     runs: list[dict[str, Any]] = []
     for seed in args.seeds:
-        for mode in ("fully_async", "sync"):
-            name = f"{mode}-s{seed}"
+        variants = [("fully_async" if u == "retract" else f"fully_async/{u}", "fully_async", u)
+                    for u in args.on_update] + [("sync", "sync", "retract")]
+        for label, mode, on_update in variants:
+            name = f"{label.replace('/', '-')}-s{seed}"
             log = out / f"{name}.delays.jsonl"
             log.unlink(missing_ok=True)
             print(f"{name} ... ({load_info()})", flush=True)
-            res = run_miles(run_overrides(args, ckpt, mode, seed, log), out_dir=out, name=name,
+            res = run_miles(run_overrides(args, ckpt, mode, seed, log, on_update), out_dir=out, name=name,
                             timeout=args.max_run_minutes * 60 + 180, keepalive_workaround=args.keepalive_workaround)
             if res.get("error"):
                 print(res["error"], file=sys.stderr)
-            r = summarize(res, mode, log)
+            r = summarize(res, label, log)
             r.update(seed=seed, load=os.getloadavg()[0])
             runs.append(r)
             print(f"  {r['steps']} steps, {r['steps_per_s'] or 0:.3f} steps/s, idle {r['idle'] or 0:.2f}, "

@@ -136,7 +136,7 @@ def smollm2_sft_overrides(demos: int) -> list[str]:
 
 def ours_overrides(ckpt: Path, seed: int, steps: int, max_minutes: float) -> list[str]:
     s = SETUP[0]
-    model = ([f"model.path={ckpt}", f"tokenizer.path={ckpt / 'tokenizer.json'}", "engine.threads=1"]
+    model = ([f"model.path={ckpt}", f"tokenizer.path={ckpt / 'tokenizer.json'}", "engines.0.options.threads=1"]
              if s.model == "tiny" else [f"model.path={ckpt}", "engines.0.options.threads=1"])  # tokenizer: the dir's
     return [*s.echo, "agent.options.max_turns=1", "sft.enabled=false", *model, f"rollout.group_size={s.group}",
             f"rollout.groups_per_step={s.prompts}", f"agent.options.max_tokens={s.max_tokens}",

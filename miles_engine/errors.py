@@ -48,6 +48,11 @@ class SandboxError(MilesError):
     """A sandbox operation failed for a reason other than the command's own exit status."""
 
 
+class HealthcheckError(SandboxError):
+    """A sandbox's readiness check never passed: the environment is broken (the episode fails with
+    this error; it is never scored as a reward of 0)."""
+
+
 class RewardError(MilesError):
     """A verifier produced no usable reward (missing, empty, NaN or garbage reward file)."""
 

@@ -44,10 +44,13 @@ MAY_CHANGE: dict[str, str] = {
                  "contract quantises from them at the next push (a resume without an override keeps the format: "
                  "it loads the run's config.yaml)",
     "rollout.mode": "groups restored from the checkpoint are trained first in either mode",
+    "rollout.on_update": "what a push does to the requests running at that moment; every token keeps its version",
     "rollout.max_inflight": _CONCURRENCY,
     "rollout.poll_s": _CONCURRENCY,
     "rollout.episode_timeout_s": _CONCURRENCY,
     "buffer.capacity_groups": _CONCURRENCY,
+    "trainer.offload": "where the trainer's state waits between steps; training is bit-identical",
+    "trainer.offload_dir": "where the trainer's state waits between steps; training is bit-identical",
     "trainer.num_threads": _CONCURRENCY,
     "trainer.sft.num_threads": _CONCURRENCY,
     "trainer.parallel.start_timeout_s": _CONCURRENCY,

@@ -4,7 +4,8 @@ timer, so the kill lands *inside* the work that follows). Unset, every call is a
 
 Points: ``generation`` (waiting for the step's groups), ``train_step`` (the trainer is
 stepping), ``checkpoint_write`` (the checkpoint's files are written, not yet renamed into
-place; with the ranks' shards of ``checkpoint_format: dist``, once those are written), ``weight_publish`` (the trainer's weights are being pushed to the engines).
+place; with the ranks' shards of ``checkpoint_format: dist``, once those are written), ``weight_publish`` (the trainer's weights are being pushed to the engines), ``trainer_offloaded`` (after the push, the trainer's
+state is offloaded: ``trainer.offload``).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import threading
 from miles_engine.errors import ConfigError
 
 ENV = "MILES_TEST_CRASH_AT"
-POINTS = ("generation", "train_step", "checkpoint_write", "weight_publish")
+POINTS = ("generation", "train_step", "checkpoint_write", "weight_publish", "trainer_offloaded")
 
 
 def parse(spec: str) -> tuple[str, int, float]:

@@ -23,6 +23,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("miles_engine.cli.export_cmd:export", "Export a run's checkpoint as a Hugging Face model directory."),
     "convert": ("miles_engine.cli.export_cmd:convert", "Write a model in a quantised format (fp8, mxfp8, nvfp4, int4)."),
     "report": ("miles_engine.cli.report_cmd:report", "Render a run's curves to PNG and HTML."),
+    "dashboard": ("miles_engine.cli.dashboard_cmd:dashboard", "A read-only local web page over runs (--follow: live)."),
     "new": ("miles_engine.cli.new_cmd:new", "Scaffold a plugin package (miles new plugin --kind K NAME)."),
 }
 

@@ -10,7 +10,7 @@ from pydantic import Field, ValidationError, model_serializer, model_validator
 from miles_engine.cluster.config import PlacementConfig
 from miles_engine.components import Section
 from miles_engine.config.yaml_source import apply_overrides, load_yaml_file
-from miles_engine.engines.fleet.build import check_transport, create_kinds, group_names
+from miles_engine.engines.fleet.build import check_on_update, check_transport, create_kinds, group_names
 from miles_engine.engines.fleet.config import EngineGroupConfig, FleetConfig
 from miles_engine.errors import ConfigError, MilesError, format_validation_error
 from miles_engine.evaluation.config import EvalConfig  # the `eval` section (miles eval, eval during training)
@@ -113,6 +113,9 @@ class RecipeConfig(Section):
         if isinstance(data, dict) and isinstance(data.get("trainer"), dict):
             for key in DERIVED_TRAINER_KEYS:
                 data["trainer"].pop(key, None)
+        disk_delta = data.get("weights", {}).get("disk_delta") if isinstance(data, dict) else None
+        if isinstance(disk_delta, dict):  # rollout.on_update says it
+            disk_delta.pop("pause_mode", None)
         return data
 
     @model_validator(mode="after")
@@ -140,6 +143,19 @@ class RecipeConfig(Section):
                              f"weights: precision.train={p.train!r} differs from precision.rollout={p.rollout!r}")
         self.trainer = t.model_copy(update=derived)
         self.trainer._quantisation_aware()  # the trainer's own rules, on the derived format
+        return self
+
+    @model_validator(mode="after")
+    def _one_on_update(self) -> RecipeConfig:
+        # what a push does to running requests is rollout.on_update (run/compose.py passes it to the
+        # transport); weights.disk_delta.pause_mode, its older spelling, is honoured where it is not the default
+        d, r = self.weights.disk_delta, self.rollout
+        if d.pause_mode != "retract" and d.pause_mode != r.on_update:
+            if "on_update" in r.model_fields_set:
+                raise ValueError(f"weights.disk_delta.pause_mode={d.pause_mode!r} differs from rollout.on_update="
+                                 f"{r.on_update!r}; what a push does to running requests is set once, by "
+                                 f"rollout.on_update (drop weights.disk_delta.pause_mode)")
+            self.rollout = r.model_copy(update={"on_update": d.pause_mode})
         return self
 
     @model_validator(mode="after")
@@ -212,6 +228,11 @@ def _check_engines(recipe: RecipeConfig, hub: Hub, path: str, lines: dict[str, i
         check_transport(recipe.weights.transport, recipe.engines, kinds)
     except ConfigError as exc:
         line = lines.get("weights.transport") or lines.get("engines") or "?"
+        raise ConfigError(f"{path}:{line}: {exc}") from exc
+    try:
+        check_on_update(recipe.rollout.on_update, recipe.engines, kinds)
+    except ConfigError as exc:
+        line = lines.get("rollout.on_update") or lines.get("engines") or "?"
         raise ConfigError(f"{path}:{line}: {exc}") from exc
     if recipe.eval.engine is not None:  # the dedicated eval engines: their options and how snapshots reach them
         from miles_engine.engines.fleet.build import eval_transport

@@ -56,6 +56,7 @@ class ServerProcess:
         self.health_path = health_path
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix=f"{name}-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
+        self._group_swept = False  # the leader is reaped and its group killed: never signal that id again
 
     @property
     def url(self) -> str:
@@ -67,11 +68,22 @@ class ServerProcess:
         return self.proc.pid if self.proc else None
 
     def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
+        return self.proc is not None and self._poll() is None
 
     @property
     def returncode(self) -> int | None:
-        return None if self.proc is None else self.proc.poll()
+        return None if self.proc is None else self._poll()
+
+    def _poll(self) -> int | None:
+        """The leader's exit code (reaping it). The moment it is reaped, what is left of its group
+        is killed, and the group is never signalled again: once empty, its id is free for another
+        process's group (pids wrap around, at 32768 on many hosts)."""
+        assert self.proc is not None
+        code = self.proc.poll()
+        if code is not None and not self._group_swept:
+            self._signal_group(signal.SIGKILL)
+            self._group_swept = True
+        return code
 
     def log_tail(self, lines: int = 40) -> str:
         try:
@@ -90,6 +102,7 @@ class ServerProcess:
             log.flush()
             self.proc = subprocess.Popen(self.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env=self.env, cwd=self.cwd, start_new_session=True)
+            self._group_swept = False
 
     async def wait_ready(self, deadline_s: float) -> None:
         """Wait until ``GET /health`` answers 200; raise :class:`EngineStartError` (with the log
@@ -120,7 +133,7 @@ class ServerProcess:
         await self.wait_ready(deadline_s)
 
     def _signal_group(self, sig: int) -> None:
-        if self.proc is None:
+        if self.proc is None or self._group_swept:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
@@ -132,19 +145,21 @@ class ServerProcess:
         self._signal_group(signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=5)
+        self._poll()
 
     async def stop(self, grace_s: float = 10.0) -> int | None:
         """SIGTERM the group, wait ``grace_s``, then SIGKILL. Returns the exit code."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
+        if self._poll() is None:
             self._signal_group(signal.SIGTERM)
             end = time.monotonic() + grace_s
-            while self.proc.poll() is None and time.monotonic() < end:
+            while self._poll() is None and time.monotonic() < end:
                 await asyncio.sleep(0.05)
-        self._signal_group(signal.SIGKILL)  # stragglers in the group, even if the leader exited
-        if self.proc.poll() is None:
+        self._signal_group(signal.SIGKILL)  # the leader outlived the grace: all of the group
+        if self._poll() is None:
             await asyncio.to_thread(self.proc.wait, 5)
+        self._poll()
         return self.proc.returncode
 
 

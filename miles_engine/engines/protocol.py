@@ -17,7 +17,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 FinishReason = Literal["stop", "length", "abort"]
-PauseMode = Literal["abort", "retract", "in_place"]
+PauseMode = Literal["abort", "retract", "in_place", "wait"]
+PAUSE_MODES: tuple[PauseMode, ...] = ("abort", "retract", "in_place", "wait")
 
 
 class SamplingParams(BaseModel):
@@ -82,7 +83,9 @@ class RolloutEngine(Protocol):
     async def pause(self, mode: PauseMode = "retract") -> None:
         """Stop scheduling new decode steps. ``abort``: in-flight requests finish with
         ``finish_reason="abort"``; ``retract``: they are put back and re-prefilled on the new
-        weights after :meth:`resume`; ``in_place``: they keep their KV cache and continue."""
+        weights after :meth:`resume`; ``in_place``: they keep their KV cache and continue;
+        ``wait``: no new request starts, the running ones finish (on the current weights) before
+        this returns."""
         ...
 
     async def resume(self) -> None: ...
@@ -107,3 +110,14 @@ async def engine_version(engine: Any) -> int:
     """The version the engine itself reports (``fetch_weight_version`` when it has one)."""
     fetch = getattr(engine, "fetch_weight_version", None)
     return int(await fetch()) if fetch is not None else int(engine.weight_version)
+
+
+def served_tensors(engine: Any) -> dict[str, Any] | None:
+    """An in-process engine's live tensors under the names a push carries (``served_tensors()``
+    where the engine has it: a co-trained draft's ``draft.*`` included), else its model's
+    ``state_dict()``; None for an engine in another process."""
+    served = getattr(engine, "served_tensors", None)
+    if served is not None:
+        return served()
+    model = getattr(engine, "model", None)
+    return dict(model.state_dict()) if model is not None and hasattr(model, "state_dict") else None

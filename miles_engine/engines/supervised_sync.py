@@ -41,6 +41,15 @@ class WeightSyncDelegation:
         return bool(self.client is not None and self.client.is_miles_server) or getattr(self, "_miles", False)
 
     @property
+    def weight_checksums_supported(self) -> bool:
+        """The live server hashes its own tensors (``weight_checksums``)."""
+        return bool(self.client is not None and getattr(self.client, "weight_checksums_supported", False))
+
+    @property
+    def takes_flat_buckets(self) -> bool:
+        return bool(self.client is not None and getattr(self.client, "takes_flat_buckets", False)) or self.is_miles_server
+
+    @property
     def base_url(self) -> str | None:
         return self.client.base_url if self.client is not None else None
 

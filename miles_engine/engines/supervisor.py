@@ -62,7 +62,8 @@ class SupervisedEngine(WeightSyncDelegation):
                  health_interval_s: float = 5.0, health_failures: int = 3, max_request_retries: int = 3,
                  env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
                  client_kwargs: Mapping[str, Any] | None = None, restore: Restore | None = None,
-                 process_factory: Callable[..., Any] | None = None) -> None:
+                 process_factory: Callable[..., Any] | None = None,
+                 client_factory: Callable[..., HttpEngine] = HttpEngine) -> None:
         self.name = name
         self.restore = restore
         self._own_state = state_dir is None
@@ -77,6 +78,7 @@ class SupervisedEngine(WeightSyncDelegation):
         self.monitor_interval_s, self.health_interval_s = monitor_interval_s, health_interval_s
         self.health_failures, self.max_request_retries = health_failures, max_request_retries
         self.client_kwargs = dict(client_kwargs or {})
+        self.client_factory = client_factory  # the server's API: ours / SGLang's (HttpEngine), vLLM's (VllmEngine)
         self.client: HttpEngine | None = None
         self.restarts = 0  # successful restarts
         self.backoffs: list[float] = []  # every backoff slept, for tests and metrics
@@ -113,7 +115,7 @@ class SupervisedEngine(WeightSyncDelegation):
     async def _launch(self) -> None:
         self.process.spawn()
         await self.process.wait_ready(self.start_timeout_s)
-        client = HttpEngine(self.process.url, name=self.name, **self.client_kwargs)
+        client = self.client_factory(self.process.url, name=self.name, **self.client_kwargs)
         try:
             await client.connect()
             if self._generation:  # a restart: bring the new process to the current weights

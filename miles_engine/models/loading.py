@@ -16,7 +16,7 @@ import torch
 
 from miles_engine.errors import ConfigError
 from miles_engine.models.cache import cache_root
-from miles_engine.models.source import parse_tiny_spec, resolve
+from miles_engine.models.source import fit_tiny_spec, parse_tiny_spec, resolve
 from miles_engine.precision.checkpoint import contract_of, from_checkpoint
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -51,6 +51,16 @@ def _from_config(config: Any, dtype: torch.dtype, seed: int, attn: str) -> Any:
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, attn_implementation=attn)
     return model.to(dtype)
+
+
+def fit_draft_vocab(source: Any, vocab_size: int) -> Any:
+    """A speculative draft given as a ``tiny:`` spec or a config without ``vocab_size`` takes the
+    policy's vocabulary (a draft must share it); any other source is left as it is."""
+    if isinstance(source, str):
+        return fit_tiny_spec(source, vocab_size)
+    if isinstance(source, dict) and "vocab_size" not in source:
+        return {**source, "vocab_size": vocab_size}
+    return source
 
 
 def load_model(source: Any, *, dtype: str = "float32", device: str = "cpu", seed: int = 0,

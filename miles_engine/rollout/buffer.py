@@ -23,7 +23,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -38,7 +38,7 @@ from miles_engine.rollout.filters import (
     user_filter_reason,
 )
 from miles_engine.rollout.staleness import DEFAULT_LENGTH_EDGES, GroupStaleness, LengthBuckets, group_staleness
-from miles_engine.rollout.types import Group
+from miles_engine.rollout.types import Group, Trajectory
 
 log = logging.getLogger(__name__)
 __all__ = ["AsyncBuffer", "BufferClosed", "BufferOptions", "GroupFilter", "failure_reason"]
@@ -106,6 +106,8 @@ class AsyncBuffer:
         self._priority: set[str] = set()  # stragglers a get waits for: they may enter a full buffer
         self.straggler_wait_s = 0.0
         self._bg: set[asyncio.Task[None]] = set()
+        # sees every trajectory that will not be trained on, with the reason (the run's trajectory record)
+        self.on_drop: Callable[[Sequence[Trajectory], str], None] | None = None
 
     # ------------------------------------------------------------------ state
     def __len__(self) -> int:
@@ -158,6 +160,8 @@ class AsyncBuffer:
     def _drop(self, group: Group, reason: str, detail: str = "") -> None:
         self.dropped[reason] += 1
         self.lengths.record(group.trajectories, accepted=False)
+        if self.on_drop is not None:
+            self.on_drop(group.trajectories, reason)
         log.info("buffer: dropped group %s (task %s): %s%s", group.group_id, group.task_id, reason,
                  f" ({detail})" if detail else "")
 
@@ -171,6 +175,8 @@ class AsyncBuffer:
         self.failed_trajectories.update(verdict.failures)
         if verdict.removed:
             self.lengths.record(verdict.removed, accepted=False)
+            if self.on_drop is not None:
+                self.on_drop(verdict.removed, "removed_failed")
         reason = verdict.drop or user_filter_reason(self._filter_fn, group)
         if reason is not None:
             self._drop(group, reason)

@@ -17,6 +17,7 @@ from miles_engine.agents.protocol import Agent, AgentResult
 from miles_engine.environments.protocol import EpisodeContext, Message, NoReferenceSolution, RewardResult, Task
 from miles_engine.errors import SandboxUnsupportedError
 from miles_engine.rewards.protocol import RewardFunction
+from miles_engine.rollout.commands import CommandLog, RecordingSandbox
 from miles_engine.sandbox.protocol import SandboxBackend
 
 
@@ -66,19 +67,21 @@ async def run_episode(task: Task, agent: Agent, backend: SandboxBackend | None, 
     if spec is not None and backend is None:
         raise SandboxUnsupportedError(f"task '{task.id}' needs a sandbox but no sandbox backend was given")
     started = time.perf_counter()
+    commands = CommandLog()
     sandbox = await backend.create(spec) if spec is not None and backend is not None else None
     timings["create_s"] = time.perf_counter() - started
-    ctx = EpisodeContext(task=task, sandbox=sandbox)
+    ctx = EpisodeContext(task=task, sandbox=RecordingSandbox(sandbox, commands) if sandbox is not None else None)
     if backend is not None:  # tasks needing a second sandbox (Harbor's separate verifier) create and close it
         ctx.info["sandbox_factory"] = backend.create
     agent_result = AgentResult(stop_reason="not_started")
     verdict: RewardResult
     verified = False
     try:
-        verdict, verified = await _drive(task, agent, ctx, timings, reward)
+        verdict, verified = await _drive(task, agent, ctx, timings, reward, commands)
         agent_result = ctx.info.pop("agent_result", agent_result)
     finally:
         t0 = time.perf_counter()
+        commands.phase = "teardown"
         try:
             await asyncio.shield(task.teardown(ctx))
         except Exception as exc:  # teardown must not hide the verdict, but is reported
@@ -88,12 +91,13 @@ async def run_episode(task: Task, agent: Agent, backend: SandboxBackend | None, 
         timings["teardown_s"] = time.perf_counter() - t0
     isolation = getattr(sandbox, "isolation", None)
     info = {k: v for k, v in ctx.info.items() if k != "sandbox_factory"}
+    info["commands"] = commands.commands
     return EpisodeResult(task.id, verdict, agent_result, ctx.transcript, timings, isolation, info,
                          reward_error=verified and verdict.reward is None)
 
 
 async def _drive(task: Task, agent: Agent, ctx: EpisodeContext, timings: dict[str, float],
-                 scorer: RewardFunction | None) -> tuple[RewardResult, bool]:
+                 scorer: RewardFunction | None, commands: CommandLog) -> tuple[RewardResult, bool]:
     """The verdict, and whether the verifier ran (``False``: the episode failed before it)."""
     t0 = time.perf_counter()
     try:
@@ -102,6 +106,7 @@ async def _drive(task: Task, agent: Agent, ctx: EpisodeContext, timings: dict[st
         return RewardResult.failed(f"setup of task '{task.id}' failed: {_describe(exc)}"), False
     t1 = time.perf_counter()
     timings["setup_s"] = t1 - t0
+    commands.phase = "agent"
     try:
         result = await asyncio.wait_for(agent.run(ctx), timeout=task.limits.agent_timeout_s)
     except asyncio.TimeoutError:
@@ -113,6 +118,7 @@ async def _drive(task: Task, agent: Agent, ctx: EpisodeContext, timings: dict[st
     ctx.info["agent_result"] = result
     t2 = time.perf_counter()
     timings["agent_s"] = t2 - t1
+    commands.phase = "verify"
     try:
         scoring = scorer.score(ctx) if scorer is not None else task.verify(ctx)
         reward = await asyncio.wait_for(scoring, timeout=task.limits.verifier_timeout_s)

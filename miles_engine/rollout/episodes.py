@@ -27,11 +27,35 @@ def _empty(task_id: str, error: str, status: str = "failed") -> Trajectory:
 
 
 def task_tags(task: Any) -> dict[str, str]:
+    """``kind`` (the task's own, else the task set it came from: ``reward/<kind>`` per step tells a
+    mixture's sources apart) and ``difficulty``."""
     meta = getattr(task, "metadata", {}) or {}
-    tags = {"kind": str(meta["kind"])} if "kind" in meta else {}
+    kind = meta.get("kind", meta.get("source"))
+    tags = {"kind": str(kind)} if kind is not None else {}
     if "difficulty" in meta:
         tags["difficulty"] = str(meta["difficulty"])
     return tags
+
+
+def _message(m: Any) -> dict[str, Any]:
+    content = m.get("content")
+    out: dict[str, Any] = {"role": str(m.get("role", "")),
+                           "content": content if isinstance(content, str) else json.dumps(content, default=str)
+                           if content is not None else ""}
+    for key in ("tool_calls", "tool_call_id", "name", "reasoning_content"):
+        if m.get(key):
+            out[key] = json.loads(json.dumps(m[key], default=str))
+    return out
+
+
+def episode_transcript(result: EpisodeResult, row: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The conversation as the agent saw it — the TITO row's own messages (the requests' and the
+    generated ones along the trained row, whatever the harness), else the agent's message list
+    when it kept one in the episode context, else the context's transcript — and the sandbox's
+    commands."""
+    messages = (row or {}).get("messages") or result.info.get("messages") or result.transcript
+    return {"messages": [_message(m) for m in messages if isinstance(m, dict)],
+            "commands": list(result.info.get("commands") or [])}
 
 
 def to_trajectory(task: Any, result: EpisodeResult) -> Trajectory:
@@ -40,7 +64,9 @@ def to_trajectory(task: Any, result: EpisodeResult) -> Trajectory:
     rows = report.get("trajectories") or []
     if not rows:
         why = report.get("error") or result.agent.info.get("error") or result.reward.error or "no trajectory recorded"
-        return _empty(task.id, f"episode of task '{task.id}' produced no trajectory: {why}")
+        empty = _empty(task.id, f"episode of task '{task.id}' produced no trajectory: {why}")
+        empty.transcript = episode_transcript(result)
+        return empty
     row = rows[-1]
     calls = sum(1 for m in result.transcript if m.get("role") == "assistant" and m.get("tool_calls"))
     status = "ok"
@@ -60,6 +86,7 @@ def to_trajectory(task: Any, result: EpisodeResult) -> Trajectory:
         task_id=task.id,
         routed_experts=row.get("routed_experts"),
         tags=task_tags(task),
+        transcript=episode_transcript(result, row),
         metrics={"turns": float(result.agent.turns), "tool_calls": float(calls), "tool_use": float(calls > 0),
                  "episode_s": sum(result.timings.values()), "generation_s": result.timings.get("agent_s", 0.0),
                  "reward_s": result.timings.get("verify_s", 0.0)},

@@ -7,7 +7,8 @@ environment ids) with per-token rollout log-probs, loss mask and weight versions
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import copy
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 # reward_error: the episode ran but its verifier gave no usable reward (see rewards.config.RewardConfig)
@@ -35,6 +36,9 @@ class Trajectory:
     teacher_candidate_logprobs: list[list[float]] | None = None
     tags: dict[str, str] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)  # e.g. turns, tool_calls, tool_use
+    # what the episode saw, for the run's trajectory record only (never enters the trainer's tensors):
+    # {"messages": the conversation as the agent saw it, "commands": the sandbox's commands}
+    transcript: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.token_ids)
@@ -68,3 +72,18 @@ class Group:
     @property
     def num_tokens(self) -> int:
         return sum(len(t.token_ids) for t in self.trajectories)
+
+
+def without_transcripts(groups: list[Group] | tuple[Group, ...]) -> list[Group]:
+    """Shallow copies of ``groups`` without the trajectories' transcripts: what trainer ranks in other
+    processes are sent (the transcript is for the run's record, not the trainer)."""
+    out = []
+    for g in groups:
+        trajectories = []
+        for t in g.trajectories:
+            if getattr(t, "transcript", None) is not None:
+                t = copy.copy(t)
+                t.transcript = None
+            trajectories.append(t)
+        out.append(replace(g, trajectories=trajectories))
+    return out

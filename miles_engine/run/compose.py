@@ -27,7 +27,7 @@ from miles_engine import checkpoint
 from miles_engine.checkpoint import crash_points, resume
 from miles_engine.checkpoint.compat import check as check_resume
 from miles_engine.config.recipe import RecipeConfig
-from miles_engine.engines.fleet.build import check_transport, create_kinds, start_fleet
+from miles_engine.engines.fleet.build import check_on_update, check_transport, create_kinds, start_fleet
 from miles_engine.engines.fleet.kinds import EngineKind, FleetContext
 from miles_engine.environments.admission import admit_on
 from miles_engine.errors import ConfigError
@@ -36,6 +36,7 @@ from miles_engine.evaluation.splits import resume_split_change, train_filter
 from miles_engine.hub import Hub
 from miles_engine.metrics import MetricsLogger
 from miles_engine.metrics.samples import SampleLog
+from miles_engine.metrics.trajectory_recorder import TrajectoryRecorder
 from miles_engine.rollout.buffer import AsyncBuffer
 from miles_engine.rollout.episodes import EpisodeTrajectories
 from miles_engine.rollout.modes import RolloutMode, create_mode, validate_mode
@@ -50,6 +51,7 @@ from miles_engine.teachers.setup import OPDInputs, OPDSetup
 from miles_engine.tito.client import close_pools
 from miles_engine.tito.families.base import ChatCodec
 from miles_engine.tito.serve import BackgroundServer, start_session_server
+from miles_engine.trainer.draft import DraftTrainer, draft_to_train
 from miles_engine.trainer.megatron.dist_checkpoint import check_backend
 from miles_engine.weights import create_transport
 from miles_engine.weights.disk_delta.baseline import write_baseline
@@ -90,6 +92,8 @@ class Components:
     placement: RayPlacement | None = None  # under placement.backend=ray
     sandboxes: SandboxBackend | None = None  # its optional step_metrics() feeds sandbox/* per step
     resume_sft: bool = False  # --resume of a run stopped during its sft.dataset warm start
+    trajectories: TrajectoryRecorder | None = None  # RUN_DIR/trajectories.mtr (metrics.trajectories)
+    draft: DraftTrainer | None = None  # the co-trained speculative draft (engines.N.options.speculative.train)
 
 
 @dataclass
@@ -156,11 +160,12 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
     kinds = _engine_kinds(cfg, hub)
     placement = await _start_placement(cfg, kinds, run_dir, stack)
     trainer = await asyncio.to_thread(TrainerAccess.create, policy, cfg,
-                                      ranks=None if placement is None else placement.trainer_ranks())
+                                      ranks=None if placement is None else placement.trainer_ranks(), run_dir=run_dir)
     stack.push_async_callback(asyncio.to_thread, trainer.close)
+    draft = await asyncio.to_thread(draft_to_train, cfg, kinds, seed=cfg.seed, vocab_size=codec.tokenizer.vocab_size)
     engines = await _start_engines(cfg, kinds, run_dir, policy, trainer, placement, stack)
     server = await _start_server(cfg, run_dir, engines, codec, placement, stack)
-    transport = await _start_transport(cfg, run_dir, engines, kinds, trainer, resumed, placement, stack)
+    transport = await _start_transport(cfg, run_dir, engines, kinds, trainer, resumed, placement, stack, draft=draft)
     opd = _build_opd(cfg, hub, run_dir, codec, source, tasks, metrics, engines, stack)
     reward = open_reward(hub, cfg.reward, stack)
     run_trajectory = await _episode_runner(cfg, hub, sandboxes, source, server, reward, opd, placement, stack,
@@ -168,6 +173,9 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
     scheduler, mode = _build_rollout(cfg, run_dir, tasks, run_trajectory, buffer, engines, resumed, stack)
     samples = SampleLog(run_dir, cfg.metrics.samples_per_step, codec.tokenizer.decode)
     stack.push_async_callback(asyncio.to_thread, samples.close)
+    recorder = TrajectoryRecorder(run_dir, cfg.metrics.trajectories, seed=cfg.seed, decode=codec.tokenizer.decode)
+    stack.push_async_callback(asyncio.to_thread, recorder.close)
+    buffer.on_drop = recorder.dropped
     progress = RunProgress()
     evaluator = await build_evaluator(EvalInputs(
         cfg=cfg, run_dir=run_dir, hub=hub, source=source, tasks=tasks, backend=sandboxes, reward=reward,
@@ -179,7 +187,8 @@ async def _build(cfg: RecipeConfig, run_dir: Path, hub: Hub, resume_run: bool, s
                       tokenizer_sha=tokenizer_sha, trainer=trainer, engines=engines, server=server,
                       transport=transport, buffer=buffer, scheduler=scheduler, mode=mode, opd=opd, metrics=metrics,
                       samples=samples, resumed=resumed, policy=policy, evaluator=evaluator, progress=progress,
-                      placement=placement, resume_sft=resume_sft, sandboxes=sandboxes)
+                      placement=placement, resume_sft=resume_sft, sandboxes=sandboxes, trajectories=recorder,
+                      draft=draft)
 
 
 async def _load_checkpoint(cfg: RecipeConfig, run_dir: Path) -> checkpoint.Loaded:
@@ -219,6 +228,7 @@ def _runnable_tasks(cfg: RecipeConfig, source: EnvironmentSource, sandboxes: San
 def _engine_kinds(cfg: RecipeConfig, hub: Hub) -> list[EngineKind]:
     kinds = create_kinds(hub, cfg.engines)
     check_transport(cfg.weights.transport, cfg.engines, kinds)
+    check_on_update(cfg.rollout.on_update, cfg.engines, kinds)
     return kinds
 
 
@@ -261,24 +271,32 @@ async def _start_server(cfg: RecipeConfig, run_dir: Path, engines: Router, codec
 
 async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Router, kinds: list[EngineKind],
                            trainer: TrainerAccess, resumed: checkpoint.Loaded | None, placement: RayPlacement | None,
-                           stack: AsyncExitStack) -> WeightTransport:
+                           stack: AsyncExitStack, *, draft: DraftTrainer | None = None) -> WeightTransport:
     w = cfg.weights
     options: dict[str, Any] = {}
     if w.transport == "broadcast" and placement is not None:  # rank 0: trainer rank 0's actor, else this node
-        sender = trainer.use_rank0_sender()
+        # a co-trained draft is trained here: the push must pass through this process to carry it
+        sender = trainer.use_rank0_sender() if draft is None else None
         options.update({"sender": sender} if sender is not None else {"master_address": placement.driver_address()})
     if w.transport == "disk_delta":
         options = {**w.disk_delta.model_dump(), "root": w.disk_delta.root or str(run_dir / "weights")}
         if options["baseline"] is None and not any(kind.in_process for kind in kinds):
+            if draft is not None:
+                raise ConfigError("engines.N.options.speculative.train with weights.transport=disk_delta needs the "
+                                  "engines in this process (kind embedded): out-of-process engines start their "
+                                  "draft from its source, not from a baseline the trainer wrote; use "
+                                  "weights.transport=broadcast")
             # the engine processes started from the policy's weights: version 0 is exactly what the trainer exports
             options["baseline"] = await asyncio.to_thread(write_baseline, await trainer.named_tensors(),
                                                           run_dir / "engines" / "baseline.safetensors")
+    options["pause_mode"] = cfg.rollout.on_update
     transport = create_transport(w.transport, engines, check=w.check, **options)
     stack.push_async_callback(transport.close)
     if resumed is not None:  # disk_delta: drop the abandoned future
         await transport.rewind(int(resumed.manifest["weight_version"]))
     # disk_delta: what the trainer exports must match its baseline, before training
-    await transport.preflight(await trainer.export_for_push())
+    exported = await trainer.export_for_push()
+    await transport.preflight(draft.with_policy(exported) if draft is not None else exported)
     return transport
 
 

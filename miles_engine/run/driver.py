@@ -41,6 +41,7 @@ async def drive(run: TrainingRun) -> int:
         await run.maybe_checkpoint(step)
         version = await run.push_weights()
         await run.mode.after_push(version)
+        await run.record_trajectories(step, groups)  # RUN_DIR/trajectories.mtr
         run.log(step, groups, metrics)
         await run.evaluate(step, version)  # every eval.every steps (eval/*, RUN_DIR/eval/)
         if run.should_stop():

@@ -14,7 +14,8 @@ from miles_engine.rollout.types import Group
 
 
 class EngineStepMetrics:
-    """``engine/*`` per logged step: forward passes, mean decode batch, busy fraction, tokens/s.
+    """``engine/*`` per logged step: forward passes, mean decode batch, busy fraction, tokens/s,
+    requests retracted, aborted (by pushes' pauses, or callers) or kept running across an update.
 
     Engines without a ``stats()`` dict (HTTP servers, routers) contribute nothing.
     """
@@ -41,10 +42,18 @@ class EngineStepMetrics:
             return float(now.get(key, 0)) - float(last.get(key, 0))
 
         steps, prefills = delta("steps"), delta("prefill_forwards")
-        return {"engine/decode_steps": steps, "engine/prefill_forwards": prefills,
+        speculation: dict[str, float] = {}
+        if "spec_verify_rows" in now:  # engines.N.options.speculative: tokens a row gains per verify step
+            rows = delta("spec_verify_rows")
+            speculation = {"engine/spec_acceptance_length": (delta("spec_accepted_tokens") + rows) / rows
+                           if rows else 0.0, "engine/spec_proposed_tokens": delta("spec_proposed_tokens")}
+        return {**speculation,"engine/decode_steps": steps, "engine/prefill_forwards": prefills,
                 "engine/mean_decode_batch": delta("batch_rows") / steps if steps else 0.0,
                 "engine/busy_fraction": min(1.0, delta("busy_s") / dt),
-                "engine/output_tokens_per_s": delta("output_tokens") / dt}
+                "engine/output_tokens_per_s": delta("output_tokens") / dt,
+                # requests a push's pause put back to be re-prefilled (rollout.on_update=retract), once each
+                "engine/retracted": delta("retracted"), "engine/aborted": delta("aborted"),
+                "engine/kept_in_place": delta("kept_in_place")}
 
 
 def sandbox_step_metrics(backend: Any) -> dict[str, float]:

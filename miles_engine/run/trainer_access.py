@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
+from pathlib import Path
 from typing import Any
 
 from miles_engine.cluster.weight_sender import Rank0Export, Rank0Sender
 from miles_engine.config.recipe import RecipeConfig
 from miles_engine.trainer.factory import create_trainer
+from miles_engine.trainer.step_rows import ROWS_KEY
 
 
 class TrainerAccess:
@@ -29,13 +31,21 @@ class TrainerAccess:
         self._pushed: tuple[dict[str, Any], int] | None = None
         self._rank0: Any = None  # Rank0Sender when trainer rank 0 broadcasts the weights itself
         self._pushed_on_rank0: Any = None  # its Rank0Export last pushed
+        self.step_rows: dict[tuple[str, int], dict[str, Any]] = {}  # the last train_step's, see train_step
+        self.offload_dir: Path | None = None  # trainer.offload=disk: where the ranks' offload files go
 
     @classmethod
-    def create(cls, policy: Any, cfg: RecipeConfig, ranks: Any = None) -> TrainerAccess:
+    def create(cls, policy: Any, cfg: RecipeConfig, ranks: Any = None, run_dir: Path | None = None) -> TrainerAccess:
         """``trainer.backend`` picks the backend, ``placement.trainer`` where it runs (the megatron
         backend always runs in rank processes), ``trainer.parallel.world_size`` how many ranks;
-        ``ranks``: rank processes placed elsewhere (Ray actors)."""
-        return cls(create_trainer(policy, cfg.trainer, subprocess=cfg.placement.trainer == "subprocess", ranks=ranks))
+        ``ranks``: rank processes placed elsewhere (Ray actors). ``trainer.offload=disk`` writes
+        into ``RUN_DIR/offload`` unless ``trainer.offload_dir`` says where."""
+        trainer_cfg = cfg.trainer
+        if trainer_cfg.offload == "disk" and trainer_cfg.offload_dir is None and run_dir is not None:
+            trainer_cfg = trainer_cfg.model_copy(update={"offload_dir": str(run_dir / "offload")})
+        access = cls(create_trainer(policy, trainer_cfg, subprocess=cfg.placement.trainer == "subprocess", ranks=ranks))
+        access.offload_dir = Path(trainer_cfg.offload_dir) if trainer_cfg.offload == "disk" else None
+        return access
 
     def _locked(self, fn: Any, *args: Any) -> Any:
         with self._lock:
@@ -48,8 +58,16 @@ class TrainerAccess:
     def weight_version(self) -> int:
         return int(self.backend.weight_version)
 
-    async def train_step(self, groups: Sequence[Any]) -> dict[str, float]:
-        return await self._call(self.backend.train_step, groups)
+    async def train_step(self, groups: Sequence[Any], record: Collection[tuple[str, int]] | None = None
+                         ) -> dict[str, float]:
+        """One RL step. ``record``: the (group_id, index) whose trainer log-probs the run records; a
+        backend that reports per-trajectory rows leaves them in :attr:`step_rows` (else it is empty)."""
+        if record is None or not getattr(self.backend, "records_rows", False):
+            self.step_rows = {}
+            return await self._call(self.backend.train_step, groups)
+        metrics = await self._call(self.backend.train_step, groups, record)
+        self.step_rows = metrics.pop(ROWS_KEY, None) or {}
+        return metrics
 
     async def sft_step(self, batch: Sequence[Any]) -> dict[str, float]:
         return await self._call(self.backend.sft_step, batch)
@@ -89,10 +107,19 @@ class TrainerAccess:
             return
         self._pushed = (dict(tensors), int(version))
 
+    async def offload(self) -> dict[str, float]:
+        """The trainer waits for its next step: its state leaves memory (``trainer.offload``); the
+        next call brings it back. Returns the bytes moved per kind and the seconds."""
+        offload = getattr(self.backend, "offload", None)
+        return {} if offload is None else await self._call(offload)
+
     async def last_pushed(self) -> tuple[dict[str, Any], int]:
         """The weights and version an engine restarted now must serve: the last pushed ones (the
         trainer may be a step ahead; a delta transport applies its next version on top of these)."""
         if self._pushed is not None:
+            reload = getattr(self.backend, "reload", None)  # one process: they are views of the trainer's state
+            if reload is not None:
+                await self._call(reload)
             return self._pushed
         if self._pushed_on_rank0 is not None:  # the only time they cross to the driver
             return await self._pushed_on_rank0.fetch(), self._pushed_on_rank0.version
@@ -114,3 +141,7 @@ class TrainerAccess:
 
     def close(self) -> None:
         self._locked(self.backend.close)
+        if self.offload_dir is not None:  # a rank killed before it closed leaves its offload file
+            from miles_engine.trainer.offload import remove_stale
+
+            remove_stale(self.offload_dir)

@@ -14,11 +14,12 @@ from miles_engine.metrics import keys as K
 from miles_engine.precision.config import PrecisionGapError
 from miles_engine.rollout.types import Group
 from miles_engine.run.compose import Components
+from miles_engine.run.record_advantages import driver_advantages
 from miles_engine.run.step_metrics import EngineStepMetrics, group_metrics, sandbox_step_metrics
 from miles_engine.sft.config import SFTInputs
 from miles_engine.sft.warm_start import run_sft
 
-_UNPREFIXED = ("opd/", "tis/", "precision/")  # trainer metrics the report reads under their own names
+_UNPREFIXED = ("opd/", "tis/", "precision/", "draft/")  # trainer metrics the report reads under their own names
 
 
 class TrainingRun:
@@ -33,7 +34,10 @@ class TrainingRun:
         self.timers: dict[str, float] = {}
         self.saved_step: int | None = None  # the step of the newest checkpoint on disk
         self.checkpoint_metrics: dict[str, float] = {}
+        self.offload_figures: dict[str, float] = {}  # the last trainer.offload: bytes per kind, seconds
         self.last_push: Any = None
+        self.recorded_bodies: set[tuple[str, int]] = set()  # this step's trajectories whose body is recorded
+        self.record_metrics: dict[str, float] = {}
         engines = [s.engine for s in parts.engines.slots]
         self.engine_metrics = EngineStepMetrics(engines[0] if len(engines) == 1 else parts.engines)
 
@@ -44,10 +48,14 @@ class TrainingRun:
         if loaded is None:
             return self
         t0 = time.perf_counter()
+        draft_state = loaded.trainer_state.pop("draft", None)
         await self.parts.trainer.load_state_dict(loaded.trainer_state)
         loaded.trainer_state = {}  # free it
+        self._restore_draft(draft_state)
         self.parts.buffer.restore(loaded.rollout.buffered)
         consumed.truncate_after(self.run_dir, loaded.step)
+        if self.parts.trajectories is not None:
+            await asyncio.to_thread(self.parts.trajectories.resume_at, loaded.step)
         checkpoint.set_rng_states(loaded.rng)
         self.step = self.current_step = self.saved_step = self.parts.progress.step = loaded.step
         self.checkpoint_metrics["checkpoint/restore_s"] = time.perf_counter() - t0 + loaded.load_s
@@ -55,6 +63,18 @@ class TrainingRun:
               f"{loaded.rollout.cursor}, {len(loaded.rollout.buffered)} buffered group(s) restored, "
               f"{len(loaded.rollout.requeued)} running group(s) requeued")
         return self
+
+    def _restore_draft(self, state: dict[str, Any] | None) -> None:
+        """The co-trained draft resumes where it was; a checkpoint without one (``speculative.train``
+        turned on at resume) or with another draft starts it from its source, said here."""
+        draft = self.parts.draft
+        if draft is None:
+            return
+        if state is None or state.get("source") != draft.source:
+            held = "no co-trained draft" if state is None else f"the co-trained draft {state.get('source')}"
+            print(f"the checkpoint holds {held}: {draft.source} starts from its own weights")
+            return
+        draft.load_state_dict(state)
 
     @property
     def version(self) -> int:
@@ -84,11 +104,16 @@ class TrainingRun:
     async def push_weights(self) -> int:
         t0 = time.perf_counter()
         tensors = await self.parts.trainer.export_for_push()  # rank 0's export stays there (Ray, broadcast)
+        if self.parts.draft is not None:  # the co-trained draft goes along, as draft.<name>
+            tensors = self.parts.draft.with_policy(tensors)
         crash_points.crash_point("weight_publish", self.current_step)
         async with self.parts.engines.weights_held():  # no engine is re-admitted with older weights meanwhile
             self.last_push = await self.parts.transport.push(tensors, self.version)
             self.parts.trainer.record_push(tensors, self.last_push.version)
         self.timers["push"] = time.perf_counter() - t0
+        self.offload_figures = await self.parts.trainer.offload()  # idle until the next step (trainer.offload)
+        if self.offload_figures:
+            crash_points.crash_point("trainer_offloaded", self.current_step)
         return self.last_push.version
 
     async def next_groups(self, step: int) -> list[Group]:
@@ -112,10 +137,27 @@ class TrainingRun:
     async def train(self, step: int, groups: list[Group]) -> dict[str, float]:
         crash_points.crash_point("train_step", step)
         t0 = time.perf_counter()
-        metrics = await self.parts.trainer.train_step(groups)
-        self.timers["train"] = time.perf_counter() - t0
+        recorder = self.parts.trajectories
+        self.recorded_bodies = recorder.bodies(step, groups) if recorder is not None else set()
+        drafting = asyncio.ensure_future(self._train_draft(groups))  # beside the policy's step (its own process)
+        try:
+            # the trainer returns its log-probs of the rows whose body is recorded
+            metrics = await self.parts.trainer.train_step(groups, record=self.recorded_bodies if recorder else None)
+            self.timers["train"] = time.perf_counter() - t0
+        finally:
+            draft_metrics = await drafting
+        metrics.update(draft_metrics)
         await self._check_precision_gap(step, groups, metrics)
         await asyncio.to_thread(consumed.append, self.run_dir, step, self.version, [g.group_id for g in groups])
+        return metrics
+
+    async def _train_draft(self, groups: list[Group]) -> dict[str, float]:
+        """The co-trained speculative draft's step on the policy's samples (``draft/*``)."""
+        if self.parts.draft is None:
+            return {}
+        t0 = time.perf_counter()
+        metrics = await asyncio.to_thread(self.parts.draft.train_step, groups)
+        self.timers[K.TIME_TRAIN_DRAFT.removeprefix("time/")] = time.perf_counter() - t0
         return metrics
 
     async def _check_precision_gap(self, step: int, groups: list[Group], metrics: dict[str, float]) -> None:
@@ -162,6 +204,8 @@ class TrainingRun:
             crash_points.crash_point("checkpoint_write", step)  # test hook: shards written, nothing else
         else:
             state = await p.trainer.state_dict()
+        if p.draft is not None:
+            state = {**state, "draft": p.draft.state_dict()}
         t1 = time.perf_counter()
         info = resume.manifest_info(self.cfg.model_dump(mode="json"), p.tokenizer_sha, self.version, rollout)
         path = await asyncio.to_thread(checkpoint.save, self.run_dir, step=step, trainer_state=state, rollout=rollout,
@@ -172,6 +216,24 @@ class TrainingRun:
                                         "checkpoint/state_s": t1 - t0,
                                         "checkpoint/bytes": float(sum(f.stat().st_size for f in path.rglob("*")
                                                                       if f.is_file()))})
+
+    async def record_trajectories(self, step: int, groups: list[Group]) -> None:
+        """RUN_DIR/trajectories.mtr: this step's trajectories (and those dropped meanwhile), written
+        off the event loop; its cost goes into the step's time split."""
+        recorder = self.parts.trajectories
+        if recorder is None:
+            return
+        t0 = time.perf_counter()
+        rows = self.parts.trainer.step_rows
+        trainer_cfg = self.cfg.trainer
+        # trainer ranks elsewhere report rank 0's rows or none: the others' advantages are computed here
+        covered = all((t.group_id, t.index) in rows for g in groups for t in g.trajectories)
+        fallback = {} if covered or trainer_cfg.opd.beta else driver_advantages(groups, trainer_cfg.algorithm,
+                                                                                trainer_cfg.opd.task_reward)
+        done = await asyncio.to_thread(recorder.write_step, step, self.version, groups, self.recorded_bodies, rows,
+                                       fallback)
+        self.timers[K.TIME_RECORD.removeprefix("time/")] = time.perf_counter() - t0
+        self.record_metrics = {K.TRAJECTORY_RECORDS: float(done.records), K.TRAJECTORY_BYTES: float(done.bytes)}
 
     def log(self, step: int, groups: list[Group], train_metrics: dict[str, float]) -> None:
         p = self.parts
@@ -190,6 +252,8 @@ class TrainingRun:
         metrics.update({f"time/{k}": v for k, v in self.timers.items()})
         metrics.update(self.checkpoint_metrics)
         self.checkpoint_metrics = {}
+        metrics.update({f"train/{k}": v for k, v in self.offload_figures.items()})
+        metrics.update(self.record_metrics)
         metrics["time/elapsed"] = time.monotonic() - self.started
         p.metrics.log(step, metrics)
         p.samples.write(step, self.version, groups)

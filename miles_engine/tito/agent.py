@@ -2,10 +2,12 @@
 OpenAI API, over HTTP, exactly as an external harness would.
 
 Each turn the model sees the task's messages and tools; each tool call runs through
-``ctx.call_tool`` (the task's sandbox), and its output goes back as a ``tool`` message. The
-episode ends when the model answers without a tool call, at ``max_turns``, or at the agent
-deadline. The session's trajectories are then collected into ``AgentResult.info`` and
-``ctx.info["tito"]`` (also when the episode runner's timeout cancels the agent).
+``ctx.call_tool`` (the task's sandbox), and its output goes back as a ``tool`` message. When
+the model answers without a tool call the task may continue the conversation with a next user
+message (``ctx.next_turn()``: a multi-step task's next instruction); otherwise the episode
+ends, as it does at ``max_turns`` or at the agent deadline. The session's trajectories are then
+collected into ``AgentResult.info`` and ``ctx.info["tito"]`` (also when the episode runner's
+timeout cancels the agent).
 """
 
 from __future__ import annotations
@@ -85,6 +87,7 @@ class TitoAgent:
         try:
             await client.open(mode=o.mode, metadata={"task_id": ctx.task.id, "agent": self.name})
             messages: list[dict[str, Any]] = [dict(m) for m in ctx.task.prompt()]
+            ctx.info["messages"] = messages  # the conversation as this agent saw it (the run's trajectory record)
             tools = [t.openai_schema() for t in ctx.task.tools()] or None
             params = {"tools": tools, "temperature": o.temperature, "top_p": o.top_p, "max_tokens": o.max_tokens,
                       "chat_template_kwargs": {"enable_thinking": o.enable_thinking}
@@ -103,7 +106,11 @@ class TitoAgent:
                 calls = reply.get("tool_calls") or []
                 if not calls:
                     ctx.say(reply.get("content") or "")
-                    break
+                    follow = await ctx.next_turn()  # a multi-step task's next instruction
+                    if not follow:
+                        break
+                    messages.extend(dict(m) for m in follow)
+                    continue
                 for call in calls:
                     fn = call.get("function") or {}
                     try:

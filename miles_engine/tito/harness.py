@@ -21,6 +21,10 @@ Presets (``preset``), each non-interactive with the sandbox as its permission bo
 The script sees ``MILES_SESSION_URL`` (``…/sessions/ID``, append ``/v1`` for OpenAI clients),
 ``MILES_API_KEY``, ``MILES_MODEL``, ``MILES_TASK_PROMPT``, ``MILES_MAX_TURNS``, ``MILES_HARNESS_BIN``
 (where the CLIs are, as the sandbox sees it) and ``HOME`` (a fresh dir in the sandbox's /tmp).
+When the task offers MCP servers (``metadata["mcp_servers"]``, see :mod:`miles_engine.agents.mcp`)
+it also sees ``MILES_MCP_CONFIG`` (Claude Code's ``--mcp-config`` JSON, which the ``claude-code``
+preset passes) and ``MILES_MCP_CODEX_TOML`` (``[mcp_servers.*]`` tables the ``codex`` preset
+appends to its config.toml).
 The CLIs come from ``scripts/install_harnesses.sh``; a namespace sandbox sees them when the
 local backend binds the cache read-only (``ro_binds: {"/miles/harnesses": "<cache dir>"}``), a
 docker sandbox with the docker backend's ``ro_binds`` (both CLIs' npm packages carry native
@@ -38,6 +42,7 @@ from urllib.parse import urlsplit
 from pydantic import Field
 
 from miles_engine.components import Section
+from miles_engine.agents.mcp import claude_mcp_config, codex_mcp_toml, task_mcp_servers
 from miles_engine.agents.protocol import AgentResult
 from miles_engine.environments.protocol import EpisodeContext
 from miles_engine.tito.agent import collect_into
@@ -65,7 +70,7 @@ IS_SANDBOX=1 ANTHROPIC_BASE_URL="$MILES_SESSION_URL" ANTHROPIC_API_KEY="$MILES_A
 ANTHROPIC_MODEL="$MILES_MODEL" ANTHROPIC_SMALL_FAST_MODEL="$MILES_MODEL" \
 CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC=1 DISABLE_AUTOUPDATER=1 DISABLE_TELEMETRY=1 \
 "$MILES_HARNESS_BIN/claude" -p "$MILES_TASK_PROMPT" --dangerously-skip-permissions \
-  --max-turns "$MILES_MAX_TURNS" --output-format json
+  --max-turns "$MILES_MAX_TURNS" --output-format json ${MILES_MCP_CONFIG:+--mcp-config "$MILES_MCP_CONFIG"}
 """,
     "codex": r"""
 export CODEX_HOME="$HOME/.codex"
@@ -79,6 +84,7 @@ base_url = "$MILES_SESSION_URL/v1"
 env_key = "MILES_API_KEY"
 wire_api = "responses"
 EOF
+[ -n "${MILES_MCP_CODEX_TOML:-}" ] && printf '%s\n' "$MILES_MCP_CODEX_TOML" >> "$CODEX_HOME/config.toml"
 codex="$MILES_HARNESS_BIN/codex"
 if ! command -v node >/dev/null 2>&1; then  # no node (a container image): the package's static binary
   native=$(ls "$MILES_HARNESS_BIN"/../@openai/codex-linux-*/vendor/*-unknown-linux-musl/bin/codex 2>/dev/null | head -n 1)
@@ -131,6 +137,14 @@ class HarnessAgentOptions(Section):
     keep_session: bool = False
 
 
+def mcp_env(task: Any) -> dict[str, str]:
+    """The harness's MCP variables for the servers ``task`` offers (none: no variables)."""
+    servers = task_mcp_servers(task)
+    if not servers:
+        return {}
+    return {"MILES_MCP_CONFIG": claude_mcp_config(servers), "MILES_MCP_CODEX_TOML": codex_mcp_toml(servers)}
+
+
 def _route(sandbox: Any) -> Literal["direct", "socket", "sandbox"]:
     """How the sandbox reaches a loopback server: its own loopback is the host's, a socket, or
     the sandbox's own ``route_to_host``."""
@@ -179,7 +193,7 @@ class HarnessAgent:
             env = {"HOME": "/tmp/miles-harness-home", "MILES_API_KEY": o.api_key, "MILES_MODEL": o.model,
                    "MILES_TASK_PROMPT": prompt, "MILES_SESSION_ID": client.session_id,
                    "MILES_SESSION_PATH": session_path,
-                   "MILES_MAX_TURNS": str(o.max_turns or ctx.task.limits.max_turns), **o.env}
+                   "MILES_MAX_TURNS": str(o.max_turns or ctx.task.limits.max_turns), **mcp_env(ctx.task), **o.env}
             if route == "socket":
                 parts = urlsplit(root)
                 host_dir = os.path.join(sandbox.mapped["/tmp"], SANDBOX_DIR.removeprefix("/tmp/"))  # type: ignore[attr-defined]

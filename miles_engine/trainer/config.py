@@ -215,6 +215,14 @@ class TrainerConfig(Section):
         "key): before the first update the trainer's log-prob of every token generated under its current "
         "weights equals the engine's exactly (tis/numerics_max_abs_diff = 0). Float32 only; slower")
 
+    offload: Literal["none", "host", "disk"] = Field(
+        "none", description="between steps (from the weight push to the next call) the trainer's weights, "
+        "gradients and optimizer state leave memory for colocated engines: host (from a GPU to host memory) or "
+        "disk (a file in offload_dir, CRC-32-checked on the way back; on a CPU box this frees RAM); bit-identical "
+        "training to none. The torch backend (one process or FSDP2 ranks)")
+    offload_dir: str | None = Field(None, description="trainer.offload=disk: the directory of the offload file "
+                                    "(local disk; default: $TMPDIR)")
+
     weight_format: StageFormat = Field(
         "full", description="quantisation-aware training: every nn.Linear weight but the output head computes "
         "with its values in this format, gradients straight through to the full-precision weight (a recipe "
@@ -253,6 +261,9 @@ class TrainerConfig(Section):
         if self.true_on_policy and self.backend != "torch":
             raise ValueError(f"true_on_policy=true needs backend='torch' (got {self.backend!r}): the engine runs "
                              f"the Hugging Face model, whose batch-invariant forward only the torch backend shares")
+        if self.offload != "none" and self.backend != "torch":
+            raise ValueError(f"offload={self.offload!r} needs backend='torch' (got {self.backend!r}): the Megatron "
+                             f"trainer's offload is not built yet; use trainer.offload=none")
         if self.lora.enabled and self.backend == "megatron":
             raise ValueError("lora.enabled=true needs backend='torch' (got 'megatron'): the Megatron trainer trains "
                              "the full model and has no adapters (miles export --merged would merge none); use "

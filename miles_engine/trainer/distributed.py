@@ -23,11 +23,11 @@ import tempfile
 import time
 import traceback
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
-from miles_engine.rollout.types import Group
+from miles_engine.rollout.types import Group, without_transcripts
 from miles_engine.trainer.config import TrainerConfig
 from miles_engine.trainer.protocol import TrainerBackend, TrainerError
 from miles_engine.trainer.rows import as_sft_rows, balance, split_groups, validate_groups
@@ -93,8 +93,8 @@ class RankWorker:
     def handle(self, cmd: str, arg: Any) -> Any:
         """One command; rank 0's answer (other ranks answer ``None``). Raises what the trainer raises."""
         trainer = self.trainer
-        if cmd == "train":
-            out: Any = trainer.train_minibatches(arg)
+        if cmd == "train":  # arg: this rank's minibatches, or (minibatches, rows to record)
+            out: Any = trainer.train_minibatches(*arg) if isinstance(arg, tuple) else trainer.train_minibatches(arg)
         elif cmd == "sft":
             out = trainer.sft_step(arg)
         elif cmd == "named_tensors":
@@ -144,6 +144,10 @@ def _rank_main(rank: int, world: int, init_method: str, model: Any, config: dict
         conn.send(("ok", out))
         if cmd == "close":
             break
+
+
+def _offload_rank(trainer: Any) -> dict[str, float]:
+    return trainer.offload()
 
 
 def rank_info(trainer: Any) -> dict[str, Any]:
@@ -267,15 +271,18 @@ class FSDPTrainer:
     def weight_version(self) -> int:
         return self._version
 
-    def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
+    records_rows = True  # rank 0's rows only (the others' are not gathered): see TorchTrainer.train_step
+
+    def train_step(self, groups: Sequence[Group], record: Collection[tuple[str, int]] | None = None) -> dict[str, Any]:
         cfg = self.config
         validate_groups(groups, vocab_size=self.vocab_size, need_teacher=cfg.opd.enabled,
                         std_normalization=cfg.uses_std_normalization, routing=self.routing,
                         need_candidates=cfg.opd.uses_candidates)
-        minibatches = split_groups(groups, min(cfg.minibatches, len(groups)))
+        minibatches = split_groups(without_transcripts(groups), min(cfg.minibatches, len(groups)))
         shares = [split_groups(mb, self.world_size) for mb in minibatches]
         per_rank = [[share[r] for share in shares] for r in range(self.world_size)]
-        metrics = self._send("train", per_rank, "train_step")
+        args = per_rank if record is None else [(share, set(record)) for share in per_rank]
+        metrics = self._send("train", args, "train_step")
         self._version = int(metrics["weight_version"])
         return metrics
 
@@ -307,6 +314,10 @@ class FSDPTrainer:
         light.update(model={}, optimizer={}, **({"sft_optimizer": {}} if "sft_optimizer" in state else {}))
         self._send("load_state_dict", [_dumps(state)] + [_dumps(light)] * (self.world_size - 1))
         self._version = int(state["weight_version"])
+
+    def offload(self) -> dict[str, float]:
+        """Every rank's state leaves memory until its next command (``trainer.offload``); rank 0's figures."""
+        return {} if self.config.offload == "none" else self.call(_offload_rank)
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run the picklable ``fn(trainer, *args)`` on every rank (e.g. a weight broadcast from

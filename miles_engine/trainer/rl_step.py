@@ -105,6 +105,8 @@ def prepare(tr: TorchTrainer, batch: StepBatch) -> dict[str, float]:
     if alg.normalize_advantages and est != "reinforce_pp":
         advantages = adv_fn.whiten(advantages, mask, tr.comm.all_sum(adv_fn.masked_moments(advantages, mask)))
     batch.extra["advantages"] = advantages
+    # what each row trained with, as the run's trajectory record shows it (GRPO: the row's value)
+    batch.extra["row_advantage"] = (advantages * mask).sum(1) / mask.sum(1).clamp(min=1.0)
     truncated = batch.truncated if batch.truncated is not None else torch.zeros(batch.rows)
     if cfg.mask_truncated:  # overlong filtering: no loss on them; their rewards stayed in the group baseline
         batch.loss_mask = mask = mask * (1.0 - truncated)[:, None]
@@ -169,6 +171,8 @@ def _loss_fn(tr: TorchTrainer, n_tok: float, n_seq: float, fused: corrections.Mi
                                    candidates=cands, prefix=tr.prefix_mode)
             if fused is not None:
                 old = out.logp.detach()
+                if "trainer_logp" in mb.batch.extra:  # rows the run's trajectory record keeps
+                    mb.put("trainer_logp", old)
                 versions = mb.get("versions", tr.device) if "versions" in mb.batch.extra else None
                 weights = fused.add(old, mb.get("rollout_logp", tr.device), mask, versions)
             else:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -29,7 +29,9 @@ from miles_engine.precision.diagnose import class_gaps
 from miles_engine.precision.quantizer import QuantizeError
 from miles_engine.trainer import lora
 from miles_engine.rollout.types import Group
-from miles_engine.trainer import prefix, rl_step
+from miles_engine.trainer import prefix, rl_step, step_rows
+from miles_engine.trainer import trainer_state
+from miles_engine.trainer.offload import Offloader, for_trainer, resident, state_tensors
 from miles_engine.trainer.batch import MicroBatch, StepBatch, from_groups, from_sft_rows
 from miles_engine.trainer.config import TrainerConfig
 from miles_engine.trainer.losses import aggregate
@@ -45,6 +47,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 class TorchTrainer:
     """Policy (+ reference, + critic) and optimizers; implements :class:`TrainerBackend`."""
+
+    offloader: Offloader | None = None  # trainer.offload (a subclass with its own __init__ has none)
 
     def __init__(self, model: Any, config: TrainerConfig | dict[str, Any] | None = None, *,
                  device: str | torch.device | None = None, comm: Local | None = None) -> None:
@@ -105,6 +109,7 @@ class TorchTrainer:
             groups.append({"params": value_params, "lr": cfg.value.lr or cfg.optimizer.lr})
         self.optimizer, self.scheduler = build_optimizer(groups, cfg.optimizer, cfg.lr_schedule)
         self._sft_opt: tuple[torch.optim.Optimizer, Any] | None = None
+        self.offloader = for_trainer(cfg.offload, cfg.offload_dir, self.device, name=f"trainer-rank{self.comm.rank}")
         self.weight_version = 0
         self.rl_steps = 0
         self.sft_steps = 0
@@ -244,15 +249,32 @@ class TorchTrainer:
             torch.set_num_threads(threads)
             self._threads = threads
 
-    def train_step(self, groups: Sequence[Group]) -> dict[str, float]:
-        """One RL step on whole groups: ``ppo_epochs x minibatches`` optimizer steps."""
+    records_rows = True  # train_step(groups, record=...) reports per-trajectory rows (step_rows)
+
+    def train_step(self, groups: Sequence[Group], record: Collection[tuple[str, int]] | None = None) -> dict[str, Any]:
+        """One RL step on whole groups: ``ppo_epochs x minibatches`` optimizer steps. ``record``: the
+        (group_id, index) whose trainer log-probs the run's trajectory record wants; when given, the
+        result also holds per-trajectory rows under ``step_rows.ROWS_KEY``."""
         validate_groups(groups, vocab_size=self.vocab_size, need_teacher=self.config.opd.enabled,
                         std_normalization=self.config.uses_std_normalization, routing=self.routing,
                         need_candidates=self.config.opd.uses_candidates)
         parts = min(self.config.minibatches, len(groups))
-        return self.train_minibatches(split_groups(groups, parts))
+        return self.train_minibatches(split_groups(groups, parts), record)
 
-    def train_minibatches(self, minibatches: Sequence[Sequence[Group]]) -> dict[str, float]:
+    def offload(self) -> dict[str, float]:
+        """The trainer waits until its next call: its state leaves memory (``trainer.offload``)."""
+        if self.offloader is None:
+            return {}
+        opts = [self.optimizer] + ([self._sft_opt[0]] if self._sft_opt else [])
+        return self.offloader.offload(state_tensors(self.root.values(), opts)).figures()
+
+    @resident
+    def reload(self) -> None:
+        """Bring an offloaded state back now (views of it, such as the last pushed tensors, read it)."""
+
+    @resident
+    def train_minibatches(self, minibatches: Sequence[Sequence[Group]],
+                          record: Collection[tuple[str, int]] | None = None) -> dict[str, Any]:
         """``train_step`` on pre-split minibatches (a rank's share; lists may be empty)."""
         t0 = time.perf_counter()
         self._use_threads(self.config.num_threads)
@@ -261,12 +283,23 @@ class TorchTrainer:
         batch = from_groups(minibatches, teacher=self.config.opd.enabled, pad_id=self.pad_id,
                             routing=self.routing[:2] if self.routing else None,
                             candidates=self.config.opd.uses_candidates)
-        metrics = rl_step.prepare(self, batch)
+        keys = step_rows.row_keys(minibatches) if record is not None else []
+        wanted = [k in record for k in keys] if record is not None else []
+        if any(wanted) and self.config.fuses_old_logprobs:  # the update's forward fills the rows asked for
+            batch.extra["trainer_logp"] = torch.zeros(batch.token_ids.shape, dtype=torch.float32)
+        metrics: dict[str, Any] = rl_step.prepare(self, batch)
         t1 = time.perf_counter()
         metrics.update(rl_step.update(self, batch, len(minibatches)))
+        if record is not None:
+            own = self.config.algorithm.old_logprobs == "recompute"
+            logp = batch.extra.get("trainer_logp" if self.config.fuses_old_logprobs else "old_logp") if own else None
+            metrics[step_rows.ROWS_KEY] = step_rows.step_rows(keys, batch.lengths, batch.extra.get("row_advantage"),
+                                                              logp, set(record))
         self.rl_steps += 1
         metrics.update(prepare_time=t1 - t0, update_time=time.perf_counter() - t1,
                        step_time=time.perf_counter() - t0, weight_version=float(self.weight_version))
+        if self.offloader is not None:
+            metrics["offload_reload_time"] = self.offloader.report.reload_s
         return metrics
 
     @torch.no_grad()
@@ -278,6 +311,7 @@ class TorchTrainer:
         for ref, param in zip(self.reference.parameters(), self.policy.parameters(), strict=True):
             ref.copy_(param)
 
+    @resident
     def sft_step(self, batch: Sequence[Any]) -> dict[str, float]:
         """Cross-entropy on the loss-mask tokens of ``(token_ids, loss_mask)`` rows; one optimizer step."""
         t0 = time.perf_counter()
@@ -307,6 +341,7 @@ class TorchTrainer:
                        weight_version=float(self.weight_version))
         return metrics
 
+    @resident
     @torch.no_grad()
     def compute_logprobs(self, rows: Sequence[tuple[Sequence[int], Sequence[int]]]) -> list[list[float]]:
         """Per-token log-probs (index 0 = 0) of ``(token_ids, loss_mask)`` rows under the current
@@ -323,6 +358,7 @@ class TorchTrainer:
             out[mb.idx, : mb.width] = res.logp.float().cpu()
         return [out[i, :n].tolist() for i, n in enumerate(sb.lengths)]
 
+    @resident
     def precision_gaps(self, groups: Sequence[Group], fmt: str, exceptions: Sequence[str],
                        rows: int = 4) -> dict[str, float]:
         """Per tensor class, how far quantising only it in ``fmt`` moves the policy's log-probs of
@@ -330,6 +366,7 @@ class TorchTrainer:
         picked = [(t.token_ids, t.loss_mask) for g in groups for t in g.trajectories if t.status == "ok"][:rows]
         return class_gaps(self.policy, picked, fmt, exceptions)
 
+    @resident
     def named_tensors(self, dtype: str | None = None) -> Iterator[tuple[str, Tensor]]:
         """Full policy tensors under the HF state-dict names (tied weights under each name). In one
         process they may share storage with the live weights (copy before the next step). FSDP:
@@ -340,38 +377,23 @@ class TorchTrainer:
             state = lora.engine_tensors(state, self.config.lora.scaling)
         return iter([(name, t.to(target) if target is not None else t) for name, t in state.items()])
 
+    @resident
     def state_dict(self) -> dict[str, Any]:
         """Everything to resume: model (policy, reference, critic), optimizer(s), scheduler(s),
         counters; parameter-name keyed, so it loads into either backend. In one process the
         tensors share storage with the live ones (like ``nn.Module.state_dict``): save or copy
         before the next step."""
-        opts = [self.optimizer] + ([self._sft_opt[0]] if self._sft_opt else [])
-        model_sd, optim_sds = self.comm.full_state(self.root, opts)
-        if self.config.lora.enabled:  # the frozen base (and the reference) come back from the model source
-            model_sd = {k: v for k, v in model_sd.items()
-                        if lora.is_adapter_key(k) or not k.startswith(("policy.", "reference."))}
-        state = {"format": 1, "model": model_sd, "optimizer": optim_sds[0], "scheduler": self.scheduler.state_dict(),
-                 "weight_version": self.weight_version, "rl_steps": self.rl_steps, "sft_steps": self.sft_steps}
-        if self._sft_opt:
-            state.update(sft_optimizer=optim_sds[1], sft_scheduler=self._sft_opt[1].state_dict())
-        return state
+        return trainer_state.full_state(self)
 
+    @resident
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        pairs = [(self.optimizer, state.get("optimizer") or {})]
-        if "sft_optimizer" in state:
-            opt, sched = self.sft_optimizer()
-            if opt is self.optimizer:
-                raise ValueError("checkpoint has an SFT optimizer but trainer.sft.optimizer is not configured")
-            pairs.append((opt, state["sft_optimizer"] or {}))
-            sched.load_state_dict(state["sft_scheduler"])
-        self.comm.load_full_state(self.root, state.get("model") or {}, pairs, strict=not self.config.lora.enabled)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.weight_version = int(state["weight_version"])
-        self.rl_steps, self.sft_steps = int(state.get("rl_steps", 0)), int(state.get("sft_steps", 0))
+        trainer_state.load_full_state(self, state)
 
     def close(self) -> None:
         if self.replay is not None:
             self.replay.close()
+        if self.offloader is not None:
+            self.offloader.close()
         self.comm.close()
 
     def __enter__(self) -> TorchTrainer:

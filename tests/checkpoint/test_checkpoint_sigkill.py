@@ -141,11 +141,13 @@ def assert_same_training(run: Path, baseline: list[tuple[int, int, list[str]]]) 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_crash_points_chain_then_resume_trains_every_group_once(tmp_path: Path, baseline, subreaper) -> None:
-    """One run crashed in generation, in a train step, inside a checkpoint write and in a weight
-    publish, resumed after each; it finishes and trained exactly what the uninterrupted run did."""
+    """One run crashed in generation, in a train step, inside a checkpoint write, in a weight
+    publish and with its trainer's state offloaded to disk, resumed after each; it finishes and
+    trained exactly what the uninterrupted run (no offload) did."""
     run = tmp_path / "r"
-    crashes = ["generation@1+0.3", "train_step@2+0.02", "checkpoint_write@3", "weight_publish@4+0.01"]
-    args = ["tiny-terminal", *FAST, f"run.out_dir={tmp_path}", "run.name=r"]
+    crashes = ["generation@1+0.3", "train_step@2+0.02", "checkpoint_write@3", "weight_publish@4+0.01",
+               "trainer_offloaded@4"]
+    args = ["tiny-terminal", *FAST, "trainer.offload=disk", f"run.out_dir={tmp_path}", "run.name=r"]
     log = tmp_path / "log"
     for crash in crashes:
         proc = start(args, log, {"MILES_TEST_CRASH_AT": crash})
@@ -159,6 +161,9 @@ def test_crash_points_chain_then_resume_trains_every_group_once(tmp_path: Path, 
     out = finish(run, log)
     assert "resumed from" in out
     assert_same_training(run, baseline)
+    assert not list((run / "offload").iterdir()), "an offload file outlived its run"
+    offloaded = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.endswith("}")]
+    assert all(m["train/offload_bytes_optimizer"] > 0 for m in offloaded if m["kind"] == "train")
 
 
 @pytest.mark.slow

@@ -21,7 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("cli",),
     ("run",),  # every program's composition root
-    ("config", "testing", "scaffold"),  # the recipe root; plugin authors' contract suites and templates
+    ("config", "testing", "scaffold", "dashboard"),  # the recipe root; plugin authors' contract suites and
+    # templates; `miles dashboard` (reads run directories: metrics, report, evaluation records)
     ("teachers",),
     ("evaluation", "sft"),
     ("checkpoint", "cluster", "data", "report"),

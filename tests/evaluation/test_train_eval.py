@@ -8,7 +8,6 @@ process, checkpoints, a real subprocess for the external command.
 from __future__ import annotations
 
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ from miles_engine.cli.main import cli
 from miles_engine.errors import ConfigError
 from miles_engine.evaluation import stats
 from miles_engine.evaluation.runner import per_task_values, read_records
-from tests.run.fleet_helpers import train_cli
 
 CHEAP = ["run.steps=4", "run.checkpoint_every=2", "run.max_minutes=null", "metrics.progress=false", "sft.enabled=false",
          "tokenizer.corpus_demos=300", "rollout.groups_per_step=2", "rollout.group_size=4", "rollout.max_inflight=8",
@@ -121,18 +119,13 @@ def test_external_command_runs_on_each_checkpoint(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_shared_eval_held_out_accuracy_rises_and_checkpoints_compare(warm_run: Path, tmp_path: Path) -> None:
-    """The recipe as shipped resumed from its warm start (the shared ``warm_run``: SFT + 1 RL step),
-    30 more RL steps, held-out eval at the resumed step and every 10 on the training engines. The
+def test_shared_eval_held_out_accuracy_rises_and_checkpoints_compare(recipe_run: Path) -> None:
+    """The recipe as shipped resumed from its warm start (the session's ``recipe_run``: SFT + 1 RL
+    step, then 30 more), held-out eval at the resumed step and every 10 on the training engines. The
     training reward rises 0.3-0.5 over these steps (see the e2e tests); the held-out drills are the
     same distribution, so their reward must rise too: the paired difference step 30 - step 1 over
     the 32 held-out tasks has its 95% interval above 0."""
-    run = tmp_path / "shared"
-    shutil.copytree(warm_run, run)
-    proc = train_cli(["--resume", str(run), "run.steps=31", "run.max_minutes=null", "run.checkpoint_every=10",
-                      "run.checkpoint_keep=5", "metrics.progress=false", "eval.every=10", "eval.limit=32",
-                      "eval.attempts=4"], timeout=800)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = recipe_run
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = eval_rows(rows)
     assert sorted(evals) == [1, 10, 20, 30]  # the resumed step (eval.at_start), then every 10

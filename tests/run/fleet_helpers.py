@@ -19,7 +19,9 @@ FLEET = ["engines=[{kind: server, replicas: 2}]", "run.max_minutes=null", "metri
          "fleet.health_interval_s=0.5"]
 
 
-def train_cli(args: list[str], timeout: float = 540) -> subprocess.CompletedProcess[str]:
+# a safety stop, not a speed bar: the shared warm start (938 SFT steps) takes ~5 min on a quiet 2-core
+# box and measured over 9 min while other work ran on it
+def train_cli(args: list[str], timeout: float = 1500) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.run([*MILES, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
@@ -39,6 +41,22 @@ def make_warm_run(out: Path) -> Path:
     return out / "warm"
 
 
+RECIPE_STEPS = 31  # the warm run's step 1, then 30 RL steps
+
+
+def make_recipe_run(warm: Path, run: Path) -> Path:
+    """The recipe as shipped resumed from ``warm`` for 30 more RL steps on its own engines, evaluated
+    on the 32 held-out drills x 4 attempts at the resumed step and every 10 steps (shared mode: the
+    training waits), checkpointed every 10 (all kept). The suite's one learning run of the recipe:
+    tests/run/test_tiny_terminal_e2e.py and tests/evaluation/test_train_eval.py read it, never write."""
+    shutil.copytree(warm, run)
+    proc = train_cli(["--resume", str(run), f"run.steps={RECIPE_STEPS}", "run.max_minutes=null",
+                      "run.checkpoint_every=10", "run.checkpoint_keep=5", "metrics.progress=false",
+                      "eval.every=10", "eval.limit=32", "eval.attempts=4"], timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run
+
+
 def resume_with(warm: Path, dest: Path, overrides: list[str], *, while_running=None) -> Path:
     shutil.copytree(warm, dest)
     if while_running is None:
@@ -49,7 +67,7 @@ def resume_with(warm: Path, dest: Path, overrides: list[str], *, while_running=N
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
         watcher = threading.Thread(target=while_running, args=(dest,), daemon=True)
         watcher.start()
-        out, _ = child.communicate(timeout=540)
+        out, _ = child.communicate(timeout=1500)
         watcher.join(timeout=60)
         proc = subprocess.CompletedProcess(child.args, child.returncode, out, "")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]

@@ -4,46 +4,37 @@ Real pieces only: a BPE trained at start-up, SFT on noisy demonstrations, the em
 the TITO session server over HTTP, local sandbox subprocesses, a trainer in its own process,
 weight pushes every step. The recipe runs as shipped (both drills, its full SFT warm start: a
 shorter or single-drill SFT leaves a weaker start whose RL rise over ~20 steps sits right at
-the margin), only with fewer RL steps: 30 of its 60, and held-out evaluations at the first and
-last steps. Asserts the learning bar of tests/run/learning.py (held-out reward up, paired, 95%
+the margin), only with fewer RL steps: 31 of its 60, and held-out evaluations at the first step
+and every 10. Asserts the learning bar of tests/run/learning.py (held-out reward up, paired, 95%
 interval above 0), not exact values.
 
 The recipe's first command (SFT warm start and RL step 1) is the session's shared ``warm_run``
-(the same ``miles train tiny-terminal``, stopped after one step); this test resumes a copy of it
-for RL steps 2-30, so the suite runs the recipe's SFT once.
+(the same ``miles train tiny-terminal``, stopped after one step); the session's ``recipe_run``
+resumes a copy of it for 30 more RL steps (tests/run/fleet_helpers.py: ``make_recipe_run``), the
+run this test and tests/evaluation/test_train_eval.py read, so the suite runs the recipe once.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from miles_engine.cli.main import cli
-from tests.run.learning import EVAL_FIRST_AND_LAST, assert_held_out_rise
-
-# bounded by steps: the recipe's run.max_minutes is lifted (it ended RL after one step on a loaded box)
-STEPS = 30
-SHORT = [f"run.steps={STEPS}", "run.max_minutes=null", "run.checkpoint_every=10", "metrics.progress=false",
-         *EVAL_FIRST_AND_LAST]
+from tests.run.fleet_helpers import RECIPE_STEPS
+from tests.run.learning import assert_held_out_rise
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_tiny_terminal_recipe_learns(warm_run: Path, tmp_path: Path) -> None:
-    run = tmp_path / "e2e"
-    shutil.copytree(warm_run, run)
-    result = CliRunner().invoke(cli, ["train", "--resume", str(run), *SHORT], catch_exceptions=False)
-    assert result.exit_code == 0, result.output
+def test_tiny_terminal_recipe_learns(recipe_run: Path) -> None:
+    run = recipe_run
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     sft = [r for r in rows if r["kind"] == "sft"]
     train = [r for r in rows if r["kind"] == "train"]
     assert sft and sft[-1]["sft/loss"] < sft[0]["sft/loss"]
     rewards = [r["reward/mean"] for r in train]
-    assert [r["step"] for r in train] == list(range(1, STEPS + 1)), rewards
+    assert [r["step"] for r in train] == list(range(1, RECIPE_STEPS + 1)), rewards
     seen = {k: [round(r.get(k) or 0.0, 2) for r in train] for k in ("reward/echo", "reward/calc", "buffer/taken/s_old_avg")}
     assert_held_out_rise(run, train, f" (per step: {seen})")
     assert all(r["rollout/failed"] == 0 for r in train)

@@ -47,6 +47,32 @@ def test_tito_agent_solves_a_task_through_http(codecs, client):
     assert result.transcript[-1] == {"role": "assistant", "content": "Done."}
 
 
+class FollowUpTask(FileTask):
+    """Asks once more when the model first answers (as a multi-step task gives its next instruction)."""
+
+    async def next_turn(self, ctx):
+        if ctx.info.get("followed_up"):
+            return None
+        ctx.info["followed_up"] = True
+        return [{"role": "user", "content": "Now write it."}]
+
+
+def test_tito_agent_continues_the_conversation_when_the_task_has_a_next_turn(codecs):
+    manager, engine, scripts = make_server(codecs["qwen3"])
+    scripts.default.extend([sampled_text("qwen3", content="Ready.", reasoning="wait"),
+                            sampled_text("qwen3", reasoning="now", command="write /app/answer yes"),
+                            sampled_text("qwen3", content="Done.", reasoning="ok")])
+    with serve_in_thread(manager) as url:
+        result = _episode(FollowUpTask(limits=LIMITS), TitoAgent(TitoAgentOptions(server_url=url, client="httpx")),
+                          MemoryBackend())
+    assert result.reward.reward == 1.0 and result.agent.turns == 3, result.to_dict()
+    assert [m["content"] for m in result.transcript if m["role"] in ("user", "assistant") and not m.get("tool_calls")] \
+        == ["Ready.", "Now write it.", "Done."]
+    info = result.agent.info  # one conversation: one linear trajectory holding every turn
+    assert len(info["trajectories"]) == 1 and len(info["trajectories"][0]["turns"]) == 3
+    assert_exact({"trajectories": info["trajectories"]}, engine, engine.requests[0].session_id)
+
+
 def test_tito_agent_stops_at_max_turns_and_timeout(codecs):
     manager, engine, scripts = make_server(codecs["chatml"])
     scripts.default.extend([sampled_text("chatml", command="echo hi")] * 10)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from miles_engine.errors import ConfigError
-from miles_engine.rollout.types import Group
+from miles_engine.rollout.types import Group, without_transcripts
 from miles_engine.trainer.config import TrainerConfig
 from miles_engine.trainer.distributed import FSDPTrainer, _dumps
 from miles_engine.trainer.megatron.dist_checkpoint import SUBDIR
@@ -82,12 +82,14 @@ class MegatronTrainerProxy(FSDPTrainer):
     def _dp_rank(self, rank: int) -> int:
         return (rank // self.tp) % self.dp
 
+    records_rows = False  # its ranks' trainer reports no per-trajectory rows: the driver computes advantages
+
     def train_step(self, groups: list[Group]) -> dict[str, float]:
         cfg = self.config
         validate_groups(groups, vocab_size=self.vocab_size, need_teacher=cfg.opd.enabled,
                         std_normalization=cfg.uses_std_normalization, routing=self.routing,
                         need_candidates=cfg.opd.uses_candidates)
-        minibatches = split_groups(groups, min(cfg.minibatches, len(groups)))
+        minibatches = split_groups(without_transcripts(groups), min(cfg.minibatches, len(groups)))
         shares = [split_groups(mb, self.dp) for mb in minibatches]
         per_rank = [[share[self._dp_rank(r)] for share in shares] for r in range(self.world_size)]
         metrics = self._send("train", per_rank, "train_step")

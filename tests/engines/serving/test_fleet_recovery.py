@@ -24,7 +24,7 @@ from miles_engine.engines.supervisor import SupervisedEngine
 from miles_engine.weights import create_transport
 from miles_engine.weights.check import CheckOptions, WeightCheckError
 from miles_engine.weights.tensors import digests
-from tests.engines.serving.test_supervisor import group_gone
+from tests.engines.serving.test_supervisor import group_gone, kill_members
 from tests.rollout.helpers import run
 from tests.weights.helpers import TINY_QWEN3, differing, trainer_model
 
@@ -74,7 +74,7 @@ async def close_all(sups: list[SupervisedEngine], pgids: list[int]) -> None:
     await asyncio.gather(*(s.aclose() for s in sups))
     stray = [p for p in pgids if not group_gone(p)]
     for pgid in stray:
-        os.killpg(pgid, signal.SIGKILL)
+        kill_members(pgid)
     assert not stray, f"process groups {stray} outlived their supervisors"
 
 

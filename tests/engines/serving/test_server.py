@@ -261,3 +261,26 @@ def test_tied_weights_encode_for_the_tensor_route() -> None:
     decoded = tensors.decode_named_tensors(tensors.encode_named_tensors(
         {"model.embed_tokens.weight": shared, "lm_head.weight": shared, "norm": torch.ones(4)}))
     assert torch.equal(decoded["lm_head.weight"], shared) and torch.equal(decoded["model.embed_tokens.weight"], shared)
+
+
+def test_pause_wait_over_http_lets_the_running_request_finish_on_the_old_weights() -> None:
+    from tests.engines.embedded.helpers import engine, greedy, prompt, req, wait_for_tokens
+
+    async def main() -> None:
+        eng = engine()
+        client = HttpEngine("http://srv", transport=httpx.ASGITransport(app=create_engine_app(eng)))
+        await client.connect()
+        task = asyncio.create_task(client.generate(req(prompt(6, 0), greedy(60))))
+        await wait_for_tokens(eng, 4)
+        await client.pause("wait")  # answered once the running request is done
+        assert eng.stats()["paused"] and eng.stats()["output_tokens"] == 60
+        new = {m.name: eng.model.state_dict()[m.name] + 0.01 for m in eng.weight_metadata()[:2]}
+        assert await client.update_weights(new, version=2) == 2
+        await client.resume()
+        first = await asyncio.wait_for(task, 60)
+        assert first.finish_reason == "length" and first.weight_versions == [0] * 60
+        assert (await client.generate(req(prompt(6, 1), greedy(3)))).weight_versions == [2] * 3
+        await client.aclose()
+        await eng.aclose()
+
+    asyncio.run(main())

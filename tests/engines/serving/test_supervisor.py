@@ -4,6 +4,7 @@ off and give up with the log tail. No process outlives a test."""
 
 from __future__ import annotations
 
+import contextlib
 import asyncio
 import os
 import signal
@@ -22,23 +23,40 @@ REPO = Path(__file__).resolve().parents[3]
 ENV = {**os.environ, "PYTHONPATH": str(REPO)}
 
 
+def group_members(pgid: int) -> list[int]:
+    """Live processes of group ``pgid`` that run our engine server: once a group is empty, a
+    new process may get its id (pids wrap around), and that one is not ours to judge or kill."""
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            state, _, group = proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[:3]
+            if int(group) == pgid and state not in ("Z", "X") and b"miles_engine" in proc.joinpath("cmdline").read_bytes():
+                found.append(int(proc.name))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
 def group_gone(pgid: int, wait_s: float = 3.0) -> bool:
     end = time.monotonic() + wait_s
-    while True:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
+    while group_members(pgid):
         if time.monotonic() > end:
             return False
         time.sleep(0.02)
+    return True
+
+
+def kill_members(pgid: int) -> None:
+    for pid in group_members(pgid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 async def closed(sup: SupervisedEngine, pgids: list[int]) -> None:
     await sup.aclose()
     for pgid in pgids:
         if not group_gone(pgid):
-            os.killpg(pgid, signal.SIGKILL)
+            kill_members(pgid)
             pytest.fail(f"process group {pgid} outlived the supervisor")
 
 
