@@ -113,6 +113,9 @@ class RecipeConfig(Section):
         if isinstance(data, dict) and isinstance(data.get("trainer"), dict):
             for key in DERIVED_TRAINER_KEYS:
                 data["trainer"].pop(key, None)
+        lora = data.get("trainer", {}).get("lora") if isinstance(data, dict) else None
+        if isinstance(lora, dict):  # weights.lora says it
+            lora.pop("push", None)
         disk_delta = data.get("weights", {}).get("disk_delta") if isinstance(data, dict) else None
         if isinstance(disk_delta, dict):  # rollout.on_update says it
             disk_delta.pop("pause_mode", None)
@@ -144,6 +147,38 @@ class RecipeConfig(Section):
         self.trainer = t.model_copy(update=derived)
         self.trainer._quantisation_aware()  # the trainer's own rules, on the derived format
         return self
+
+    @model_validator(mode="after")
+    def _lora_push(self) -> RecipeConfig:
+        # trainer.lora.push is derived from weights.lora: adapters only where every engine can merge them itself
+        t, w = self.trainer, self.weights
+        if "push" in t.lora.model_fields_set and t.lora.push != "merged":
+            raise ValueError("trainer.lora.push is derived from weights.lora; set weights.lora (auto, merged, adapters)")
+        if not t.lora.enabled:
+            if w.lora == "adapters":
+                raise ValueError("weights.lora=adapters needs trainer.lora.enabled=true (there are no adapters to push)")
+            return self
+        why = self._no_adapter_pushes()
+        if w.lora == "adapters" and why is not None:
+            raise ValueError(f"weights.lora=adapters: {why}; use weights.lora=merged (or auto)")
+        push = "adapters" if w.lora == "adapters" or (w.lora == "auto" and why is None and all(
+            g.dtype == "float32" for g in self.engines)) else "merged"
+        self.trainer = t.model_copy(update={"lora": t.lora.model_copy(update={"push": push})})
+        return self
+
+    def _no_adapter_pushes(self) -> str | None:
+        """Why the engines cannot take adapter-only pushes (None: they can)."""
+        for i, g in enumerate(self.engines):
+            if g.kind not in ("embedded", "server"):
+                return (f"engines.{i} is kind {g.kind!r}, which loads merged weights only; kinds that merge adapters "
+                        f"themselves: embedded, server")
+        if self.weights.transport not in ("colocated", "broadcast"):
+            return (f"weights.transport={self.weights.transport!r} ships whole tensors against a baseline; adapters "
+                    f"travel by colocated or broadcast")
+        if self.precision.quantised:
+            return (f"precision.rollout={self.precision.rollout!r}: the engines hold quantised weights, and the "
+                    f"trainer quantises the merged weight itself")
+        return None
 
     @model_validator(mode="after")
     def _one_on_update(self) -> RecipeConfig:

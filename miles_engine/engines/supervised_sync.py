@@ -1,7 +1,8 @@
 """The weight-sync calls of :class:`~miles_engine.engines.http.client.HttpEngine`, on a
 :class:`~miles_engine.engines.supervisor.SupervisedEngine`: each goes to the live process.
 
-- **Reads** (``fetch_weight_version``, ``weight_checksums``, ``get_weights_by_name``) wait out
+- **Reads** (``fetch_weight_version``, ``weight_checksums``, ``get_weights_by_name``, ``keep_lora_base``:
+  a new process keeps its freshly loaded base) wait out
   a restart and are re-sent to the new process.
 - **Group calls** of the broadcast transport (``init_weights_update_group``,
   ``update_weights_from_distributed``, ``destroy_weights_update_group``) are sent once: a
@@ -71,6 +72,9 @@ class WeightSyncDelegation:
 
     async def weight_checksums(self, names: list[str] | None = None) -> dict[str, str]:
         return await self._read("weight_checksums", lambda c: c.weight_checksums(names))
+
+    async def keep_lora_base(self, names: list[str]) -> dict[str, str]:
+        return await self._read("lora_base", lambda c: c.keep_lora_base(names))
 
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> Any:
         return await self._read("get_weights_by_name", lambda c: c.get_weights_by_name(name, truncate_size))

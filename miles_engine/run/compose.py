@@ -276,7 +276,8 @@ async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Router, ki
     options: dict[str, Any] = {}
     if w.transport == "broadcast" and placement is not None:  # rank 0: trainer rank 0's actor, else this node
         # a co-trained draft is trained here: the push must pass through this process to carry it
-        sender = trainer.use_rank0_sender() if draft is None else None
+        # adapters (trainer.lora.push) are small: they pass through this process like the draft
+        sender = trainer.use_rank0_sender() if draft is None and cfg.trainer.lora.push == "merged" else None
         options.update({"sender": sender} if sender is not None else {"master_address": placement.driver_address()})
     if w.transport == "disk_delta":
         options = {**w.disk_delta.model_dump(), "root": w.disk_delta.root or str(run_dir / "weights")}

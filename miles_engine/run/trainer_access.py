@@ -79,7 +79,8 @@ class TrainerAccess:
         return None if diagnose is None else await self._call(diagnose, groups, fmt, exceptions)
 
     async def named_tensors(self) -> list[tuple[str, Any]]:
-        return await self._call(lambda: list(self.backend.named_tensors()))
+        # an adapter export is a list already: it keeps the bases a check merges with
+        return await self._call(lambda: _pairs(self.backend.named_tensors()))
 
     def use_rank0_sender(self, control_timeout_s: float = 120.0) -> Any:
         """Trainer rank 0 as the broadcast group's rank 0 (a Rank0Sender for the transport), when
@@ -145,3 +146,7 @@ class TrainerAccess:
             from miles_engine.trainer.offload import remove_stale
 
             remove_stale(self.offload_dir)
+
+
+def _pairs(exported: Any) -> list[tuple[str, Any]]:
+    return exported if isinstance(exported, list) else list(exported)

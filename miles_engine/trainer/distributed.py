@@ -85,6 +85,7 @@ class RankWorker:
             dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout)
         self.rank = rank
         self.exports = ExportStash()  # rank 0: exports kept for a broadcast from this process
+        self.bases_sent = False  # adapter exports: the frozen bases cross to the driver once
         self.trainer = make(model, cfg, device) if make else TorchTrainer(model, cfg, device=device, comm=FSDP2(device))
 
     def info(self) -> dict[str, Any]:
@@ -98,8 +99,10 @@ class RankWorker:
         elif cmd == "sft":
             out = trainer.sft_step(arg)
         elif cmd == "named_tensors":
-            tensors = dict(trainer.named_tensors(arg))  # a collective: every rank gathers
-            out = _dumps(tensors) if self.rank == 0 else None
+            exported = trainer.named_tensors(arg)  # a collective: every rank gathers
+            if hasattr(exported, "bases"):  # adapters (trainer.lora.push): the bases never change, sent once
+                exported.bases, self.bases_sent = ({} if self.bases_sent else exported.bases), True
+            out = _dumps(exported if isinstance(exported, list) else dict(exported)) if self.rank == 0 else None
         elif cmd == "stage_export":  # the export stays here (rank 0); the driver gets its specs
             tensors = dict(trainer.named_tensors())
             out = self.exports.stage(arg[0], tensors, keep=arg[1]) if self.rank == 0 else None
@@ -250,6 +253,7 @@ class FSDPTrainer:
         self.vocab_size = int(info["vocab_size"])
         self.routing = info["routing"]
         self._version = 0
+        self._lora_bases: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ plumbing
     def _gather(self, timeout: float | None, what: str) -> Any:
@@ -294,8 +298,10 @@ class FSDPTrainer:
         return metrics
 
     def named_tensors(self, dtype: str | None = None) -> Iterator[tuple[str, Any]]:
-        data = self._send("named_tensors", [dtype] * self.world_size)
-        return iter(_loads(data).items())
+        data = _loads(self._send("named_tensors", [dtype] * self.world_size))
+        if hasattr(data, "bases"):  # an adapter export: its bases came with the first one
+            self._lora_bases = data.bases = data.bases or self._lora_bases
+        return data if isinstance(data, list) else iter(data.items())
 
     def state_dict(self) -> dict[str, Any]:
         return _loads(self._send("state_dict", [None] * self.world_size))

@@ -51,7 +51,8 @@ class DraftTrainer:
 
     def with_policy(self, tensors: Any) -> list[tuple[str, torch.Tensor]]:
         """A push's name/tensor pairs: the policy's export (a mapping or pairs), then the draft's."""
-        return list({**dict(tensors), **self.named_tensors()}.items())
+        pairs = list({**dict(tensors), **self.named_tensors()}.items())
+        return tensors.with_pairs(pairs) if hasattr(tensors, "with_pairs") else pairs  # an adapter export stays one
 
     @staticmethod
     def rows(groups: Sequence[Group]) -> list[Row]:

@@ -4,7 +4,8 @@ Adapters are injected in place (``peft.inject_adapter_in_model``): the policy ke
 and forward, only the targeted linears gain ``lora_A`` / ``lora_B`` and the base weight moves to
 ``<module>.base_layer.weight``. Only adapter parameters train. What the engines receive is what
 changed: the merged weight ``W + scaling * B @ A`` of each adapted module, under the module's
-Hugging Face name; the frozen rest never moves. Checkpoints hold the adapter tensors only
+Hugging Face name, or (``push``) only its A, B and scaling for an engine that keeps its base and
+merges them itself (:mod:`miles_engine.models.adapters`); the frozen rest never moves. Checkpoints hold the adapter tensors only
 (plus the optimizer over them). peft is imported only when LoRA is on.
 """
 
@@ -13,11 +14,12 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field
 
 from miles_engine.components import Section
+from miles_engine.models import adapters
 
 ADAPTER = "default"
 _ADAPTER_KEY = re.compile(r"\.lora_(A|B|embedding_A|embedding_B|magnitude_vector)\.")
@@ -35,6 +37,9 @@ class LoraOptions(Section):
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
         description="module names (suffixes) to adapt, or 'all-linear'")
     seed: int = Field(0, description="seed of the adapters' random init (B starts at zero either way)")
+    push: Literal["merged", "adapters"] = Field(
+        "merged", description="what the engines receive after a step (a recipe derives it from weights.lora): the "
+        "merged W + scaling * B @ A of every adapted module, or the adapters alone")
 
     @property
     def scaling(self) -> float:
@@ -85,15 +90,25 @@ def adapted_modules(state: dict[str, Any]) -> list[str]:
 def engine_tensors(state: dict[str, Any], scaling: float) -> dict[str, Any]:
     """From a full policy state dict (peft names): the merged weights of the adapted modules under
     their Hugging Face names - all that differs from the base model the engines loaded."""
-    import torch
-
     out: dict[str, Any] = {}
     for module in adapted_modules(state):
         base = state[f"{module}.base_layer.weight"]
         a, b = state[f"{module}.lora_A.{ADAPTER}.weight"], state[f"{module}.lora_B.{ADAPTER}.weight"]
-        delta = (b.to(torch.float32) @ a.to(torch.float32)) * scaling
-        out[f"{module}.weight"] = (base.to(torch.float32) + delta).to(base.dtype)
+        out[f"{module}.weight"] = adapters.merge(base, a, b, scaling).to(base.dtype)
     return out
+
+
+def adapter_export(state: dict[str, Any], scaling: float) -> adapters.AdapterExport:
+    """What an engine that keeps its base needs instead (``trainer.lora.push=adapters``): each
+    adapted module's A, B and scaling under ``<HF name>:lora.*``, with the trainer's bases to check against."""
+    pairs: list[tuple[str, Any]] = []
+    bases = {}
+    for module in adapted_modules(state):
+        weight = f"{module}.weight"
+        pairs += adapters.to_parts(weight, state[f"{module}.lora_A.{ADAPTER}.weight"],
+                                   state[f"{module}.lora_B.{ADAPTER}.weight"], scaling)
+        bases[weight] = state[f"{module}.base_layer.weight"]
+    return adapters.AdapterExport(pairs, bases)
 
 
 def adapter_state(state: dict[str, Any]) -> dict[str, Any]:

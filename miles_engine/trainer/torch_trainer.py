@@ -370,9 +370,12 @@ class TorchTrainer:
     def named_tensors(self, dtype: str | None = None) -> Iterator[tuple[str, Tensor]]:
         """Full policy tensors under the HF state-dict names (tied weights under each name). In one
         process they may share storage with the live weights (copy before the next step). FSDP:
-        gathered on rank 0; other ranks yield nothing."""
+        gathered on rank 0; other ranks yield nothing. ``trainer.lora.push=adapters``: the adapters'
+        parts instead of merged weights (an :class:`~miles_engine.models.adapters.AdapterExport`)."""
         target = _DTYPES[dtype] if dtype else None
         state = self.comm.model_state(self.policy)  # now (a collective under FSDP), not when iterated
+        if self.config.lora.enabled and self.config.lora.push == "adapters":  # float32: the engine merges them
+            return lora.adapter_export(state, self.config.lora.scaling)  # type: ignore[return-value]
         if self.config.lora.enabled:
             state = lora.engine_tensors(state, self.config.lora.scaling)
         return iter([(name, t.to(target) if target is not None else t) for name, t in state.items()])

@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from miles_engine.models import adapters
 from miles_engine.precision.parts import split_name
 from miles_engine.weights.protocol import PushStats, WeightPushError, engine_name, engines_of, verify_versions, TransportBase
 
@@ -42,7 +43,8 @@ class ColocatedTransport(TransportBase):
             raise WeightPushError(f"push of version {version} carries no tensors")
         stats = PushStats(version=version, tensors=len(named), buckets=1, engines=len(engines),
                           bytes=sum(t.numel() * t.element_size() for t in named.values()))
-        pushed = {split[0] if (split := split_name(n)) else n for n in named}  # a quantised weight travels as parts
+        # a quantised weight travels as its parts, an adapted one as its adapter's
+        pushed = {split[0] if (split := split_name(n) or adapters.split_name(n)) else n for n in named}
         stats.missing = len({m.name for m in meta} - pushed)
         if stats.missing and not self._warned_missing:
             self._warned_missing = True

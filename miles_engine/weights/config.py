@@ -15,6 +15,12 @@ class WeightsConfig(Section):
     transport: Literal["colocated", "broadcast", "disk_delta"] = "colocated"
     disk_delta: DiskDeltaOptions = Field(default_factory=DiskDeltaOptions,
                                          description="options of transport=disk_delta (root default: RUN_DIR/weights)")
+    lora: Literal["auto", "merged", "adapters"] = Field(
+        "auto", description="with trainer.lora: what a push carries -- 'merged' weights W + scaling * B @ A of every "
+        "adapted module, or the 'adapters' alone (A, B and the scaling: rank x (in + out) numbers per module; the "
+        "engine keeps the base it loaded and merges them exactly as the trainer would; embedded and server engines "
+        "in full precision, transports colocated and broadcast); 'auto': adapters where every engine group can "
+        "take them, else merged")
     check_update_equal: bool = Field(
         False, description="fill the engines with random data before the first push and, after every push, "
         "compare every exported tensor with the trainer's copy; the run stops naming each tensor that differs")

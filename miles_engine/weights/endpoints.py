@@ -7,6 +7,8 @@
   -> the tensor's first ``truncate_size`` rows as nested float32 lists (400 on an unknown name).
 - ``POST /miles/weight_checksums`` (ours): ``{"names": [...]}`` (optional) ->
   ``{"checksums": {name: sha256}, "weight_version"}``, to verify a push tensor by tensor.
+- ``POST /miles/lora_base`` (ours): ``{"names": [...]}`` -> ``{"digests": {name: sha256}}``: the
+  engine keeps the loaded base of each weight for adapter-only pushes (digests of the float32 base).
 
 Imports no torch until a route is called.
 """
@@ -115,3 +117,19 @@ def add_weight_sync_routes(app: FastAPI, engine: Any, *, update_lock: asyncio.Lo
         async with update_lock:  # never read a half-copied update
             sums = await asyncio.to_thread(digests, served_tensors(engine) or {}, names)
         return JSONResponse({"checksums": sums, "weight_version": str(engine.weight_version)})
+
+    @app.post("/miles/lora_base")
+    async def lora_base(request: Request) -> JSONResponse:
+        body = await parse(request)
+        keep = getattr(engine, "keep_lora_base", None)
+        if keep is None:
+            return _refused(f"{type(engine).__name__} cannot keep base weights; adapter pushes need an embedded engine")
+        names = body.get("names")
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            return _refused(f"lora_base needs 'names', a list of tensor names; got {names!r}")
+        async with update_lock:
+            try:
+                digests = await keep(names)
+            except MilesError as exc:
+                return _refused(f"lora_base refused: {exc}")
+        return JSONResponse({"digests": digests})

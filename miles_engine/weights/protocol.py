@@ -9,12 +9,14 @@ with a version whose weights it does not hold.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from miles_engine.engines.protocol import engine_version
 from miles_engine.errors import MilesError
+from miles_engine.models.adapters import base_digest
 
 if TYPE_CHECKING:
     import torch
@@ -68,7 +70,7 @@ class WeightTransport(Protocol):
 
     async def preflight(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Before training: refuse tensors the engines could not take (disk_delta checks its
-        baseline's names, dtypes and shapes); a no-op elsewhere."""
+        baseline's names, dtypes and shapes); engines keep their bases for adapter-only pushes."""
         ...
 
 
@@ -79,7 +81,8 @@ class TransportBase:
         return []
 
     async def preflight(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        return None
+        """Adapter-only pushes: the engines keep their bases, checked equal to the trainer's."""
+        await keep_bases(engines_of(getattr(self, "targets", [])), named_tensors)
 
 
 def engines_of(targets: Any) -> list[Any]:
@@ -97,8 +100,6 @@ def engine_name(engine: Any, index: int) -> str:
 
 
 async def verify_versions(engines: Sequence[Any], version: int) -> None:
-    import asyncio
-
     found = await asyncio.gather(*(engine_version(e) for e in engines), return_exceptions=True)
     bad = [f"{engine_name(e, i)} reports {v!r}" if not isinstance(v, BaseException)
            else f"{engine_name(e, i)} did not answer ({type(v).__name__}: {v})"
@@ -107,3 +108,36 @@ async def verify_versions(engines: Sequence[Any], version: int) -> None:
         raise WeightPushError(f"after pushing weight version {version}: " + "; ".join(bad)
                               + ". These engines missed the push; their samples would carry a version whose "
                                 "weights they do not hold, so the run stops here")
+
+
+_SHOW_BASES = 3
+
+
+async def keep_bases(engines: Sequence[Any], exported: Any) -> None:
+    """Before the first adapter-only push (``weights.lora=adapters``): every engine keeps the base it
+    loaded for each adapted weight, and that base must be the trainer's, bit for bit in float32 --
+    adapters merged into any other base would not give the weights the trainer computes with. No-op
+    unless ``exported`` is an adapter export (it carries ``bases``)."""
+    bases = getattr(exported, "bases", None)
+    if not bases:
+        return
+    names = sorted(bases)
+    want = await asyncio.to_thread(lambda: {w: base_digest(bases[w]) for w in names})
+    for i, engine in enumerate(engines):
+        keep = getattr(engine, "keep_lora_base", None)
+        if keep is None:
+            raise WeightPushError(f"{engine_name(engine, i)} ({type(engine).__name__}) cannot keep base weights for "
+                                  f"adapter-only pushes; set weights.lora=merged")
+        try:
+            got = await keep(names)
+        except Exception as exc:
+            raise WeightPushError(f"{engine_name(engine, i)} could not keep its base weights for adapter-only pushes: "
+                                  f"{exc}") from exc
+        differ = [w for w in names if got.get(w) != want[w]]
+        if differ:
+            more = f" (and {len(differ) - _SHOW_BASES} more)" if len(differ) > _SHOW_BASES else ""
+            raise WeightPushError(
+                f"{engine_name(engine, i)} holds base weights other than the trainer's: {', '.join(differ[:_SHOW_BASES])}"
+                f"{more} differ in float32. Adapters merged into them would not give the trainer's weights: the "
+                f"engines must load the model the trainer started from, in float32 (or one whose values "
+                f"the engine's dtype holds exactly), or set weights.lora=merged")

@@ -11,6 +11,7 @@ import torch
 
 from miles_engine.engines.protocol import TensorMeta
 from miles_engine.errors import did_you_mean
+from miles_engine.models import adapters
 from miles_engine.precision.parts import part_specs, split_name, to_parts
 from miles_engine.weights.protocol import WeightPushError
 
@@ -47,6 +48,11 @@ def conform(named: Iterable[tuple[str, torch.Tensor]], metadata: Sequence[Tensor
     meta = {m.name: m for m in metadata}
     for name, tensor in named:
         t = tensor.detach()
+        lora = adapters.split_name(name)
+        if lora is not None:  # an adapter part goes as it is: the engine merges it in float32
+            _check_adapter_part(name, lora, t, meta, where)
+            yield name, t
+            continue
         m = meta.get(name)
         if m is None:
             if meta:
@@ -68,11 +74,39 @@ def conform(named: Iterable[tuple[str, torch.Tensor]], metadata: Sequence[Tensor
             yield name, t
 
 
+def _check_adapter_part(name: str, lora: tuple[str, str], t: torch.Tensor, meta: Mapping[str, TensorMeta],
+                        where: str) -> None:
+    if not meta:
+        return
+    m = meta.get(lora[0])
+    if m is None:
+        raise WeightPushError(f"{where}: the engine has no tensor {lora[0]!r}{did_you_mean(lora[0], meta)} for "
+                              f"adapter part {name!r}; nothing of this push was applied")
+    if m.format:
+        raise WeightPushError(f"{where}: {lora[0]!r} is held in {m.format} by the engine; adapters merge into "
+                              f"full-precision weights only (weights.lora=merged)")
+    bad = adapters.part_problem(lora[0], tuple(m.shape), lora[1], dtype_name(t.dtype), tuple(t.shape))
+    if bad is not None:
+        raise WeightPushError(f"{where}: {bad}")
+
+
 def check_received(incoming: Mapping[str, tuple[str, Sequence[int]]], metadata: Sequence[TensorMeta]) -> list[str]:
     """Problems of received (dtype, shape) against the engine's metadata (empty list = fine)."""
     meta = {m.name: m for m in metadata}
     problems = []
     for name, (dtype, shape) in incoming.items():
+        lora = adapters.split_name(name)
+        if lora is not None:
+            m = meta.get(lora[0])
+            if m is None:
+                problems.append(f"unknown tensor {lora[0]!r}{did_you_mean(lora[0], meta)} for adapter part {name!r}")
+            elif m.format:
+                problems.append(f"{name!r}: {m.name!r} is held in {m.format} here; adapters merge into full "
+                                f"precision only")
+            elif (bad := adapters.part_problem(lora[0], tuple(m.shape), lora[1], dtype_name(parse_dtype(dtype)),
+                                               tuple(shape))) is not None:
+                problems.append(bad)
+            continue
         part = split_name(name)
         m = meta.get(name if part is None else part[0])
         if part is not None and m is not None:

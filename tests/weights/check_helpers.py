@@ -28,6 +28,8 @@ class Alter:
 
     def __init__(self, inner: Any, change: Callable[[str, torch.Tensor], torch.Tensor]) -> None:
         self.inner, self.change, self.name = inner, change, inner.name
+        if hasattr(inner, "preflight"):
+            self.preflight = inner.preflight
 
     async def push(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> Any:
         return await self.inner.push([(n, self.change(n, t.detach())) for n, t in named], version)

@@ -41,6 +41,7 @@ from pydantic import ValidationError
 
 from miles_engine.engines.embedded import weights as W
 from miles_engine.engines.embedded.draft import DraftWeights, load_draft, use_packed_gqa
+from miles_engine.engines.embedded.adapter_bases import AdapterBases, Update
 from miles_engine.engines.embedded.held_format import HeldFormat
 from miles_engine.precision.quantizer import kv_fp8
 from miles_engine.engines.embedded.options import EmbeddedEngineOptions
@@ -117,6 +118,7 @@ class EmbeddedEngine:
         self._held = HeldFormat(model, self.options.weight_format, self.options.weight_exceptions)
         W.apply(self._held.snap({n: self._tensors[n] for n in self._held.names}), self._tensors)
         self._meta = W.metadata(self._tensors, self._held.formats())
+        self._adapters = AdapterBases()
         self._seeds = itertools.count()
         self._closed = False
         spec = self.options.speculative
@@ -176,7 +178,12 @@ class EmbeddedEngine:
     def served_tensors(self) -> dict[str, torch.Tensor]:
         """The live tensors under the names a push carries: the policy's, and ``draft.*`` when the
         draft is co-trained (what a weight check reads back)."""
-        return {**self.model.state_dict(), **self._draft.served_tensors()}
+        return {**self.model.state_dict(), **self._draft.served_tensors(), **self._adapters.parts}
+
+    async def keep_lora_base(self, names: list[str]) -> dict[str, str]:
+        """Keep the loaded base of each weight in ``names`` for adapter-only pushes (before anything
+        overwrites them); their float32 digests (:func:`miles_engine.models.adapters.base_digest`)."""
+        return await self._call(lambda: self._adapters.keep(names, self._tensors))
 
     def stats(self) -> dict[str, Any]:
         """Counters (requests, steps, tokens, mean batch), session-cache hit rates, memory."""
@@ -340,13 +347,23 @@ class EmbeddedEngine:
             loaded = await asyncio.to_thread(W.from_safetensors, Path(weights), updatable)
             tensors, draft = self._draft.split(loaded)
         else:
-            weights, draft = self._draft.split(weights)
-            tensors = self._held.incoming(weights, self._tensors) if weights or not draft else {}
+            tensors, draft = self._incoming(weights)
         return await self._call(lambda: self._apply_update(tensors, draft, version))
 
-    def _apply_update(self, tensors: dict[str, torch.Tensor], draft: dict[str, torch.Tensor],
-                      version: int | None) -> int:
+    def _incoming(self, weights: Mapping[str, Any]) -> tuple[Any, dict[str, torch.Tensor]]:
+        """An update's policy tensors (adapter parts merged, quantised parts joined) and draft tensors."""
+        weights, draft = self._draft.split(weights)
+        if not weights and draft:
+            return {}, draft
+        plain, parts = self._adapters.join(weights, self._tensors, self._held.names)
+        return Update(self._held.incoming(plain, self._tensors), plain, parts), draft
+
+    def _apply_update(self, tensors: Any, draft: dict[str, torch.Tensor], version: int | None) -> int:
         """On the engine thread. Only draft tensors: the policy and its version stay as they are."""
+        if isinstance(tensors, Update):
+            new = self._apply_update(tensors.tensors, draft, version)
+            self._adapters.applied(tensors.plain, tensors.parts)
+            return new
         if draft:
             self._draft.apply(draft)
             self._speculator.proposer.reset()  # type: ignore[union-attr]
@@ -360,8 +377,7 @@ class EmbeddedEngine:
         of the engine thread: one stop between two forward passes instead of three round trips
         (each waits for the current forward). An engine paused before stays paused."""
         _check_pause_mode(pause_mode)
-        weights, draft = self._draft.split(weights)
-        tensors = self._held.incoming(weights, self._tensors) if weights or not draft else {}
+        tensors, draft = self._incoming(weights)
         sched = self._sched
         if pause_mode == "wait":  # the running requests finish on the old weights first
             was_paused = sched.paused

@@ -273,6 +273,12 @@ class HttpEngine:
         self._raise_for(resp, "weight_checksums")
         return dict(resp.json()["checksums"])
 
+    async def keep_lora_base(self, names: list[str]) -> dict[str, str]:
+        """The server keeps the base of each weight for adapter-only pushes; their float32 digests."""
+        resp = await self._call("POST", "/miles/lora_base", json={"names": list(names)}, kind="update")
+        self._raise_for(resp, "lora_base")
+        return dict(resp.json()["digests"])
+
     async def get_weights_by_name(self, name: str, truncate_size: int = 100) -> Any:
         """SGLang's ``/get_weights_by_name``: the tensor's first ``truncate_size`` rows as nested
         float32 lists (debugging: slow for big tensors)."""

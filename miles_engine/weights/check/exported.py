@@ -20,8 +20,11 @@ class LocalExport:
     def __init__(self, named: Iterable[tuple[str, Any]]) -> None:
         from miles_engine.weights.tensors import dtype_name
 
-        self.pushable = list(named)  # what the wrapped transport is given
+        self.pushable = named if isinstance(named, list) else list(named)  # what the wrapped transport is given
         self.named = dict(self.pushable)
+        effective = getattr(named, "effective", None)
+        if effective is not None:  # adapters: the weights they merge into on the engines are checked too
+            self.named.update(effective())
         self.specs = [(n, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size())
                       for n, t in self.named.items()]
         self._digests: dict[tuple[tuple[str, str], ...], dict[str, str]] = {}
@@ -51,7 +54,7 @@ def as_export(named: Any) -> Any:
     """``named`` as the check reads it: a rank-0 export as it is, tensors as a :class:`LocalExport`."""
     if hasattr(named, "digests") and hasattr(named, "pushable"):
         return named
-    return LocalExport(named.items() if isinstance(named, Mapping) else named)
+    return LocalExport(list(named.items()) if isinstance(named, Mapping) else named)
 
 
 def engine_dtypes(specs: Sequence[tuple[str, str, Any, int]], meta: Mapping[str, Any]) -> dict[str, str]:

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from miles_engine.engines.protocol import engine_version
+from miles_engine.models.adapters import split_name
 from miles_engine.weights.check.compare import Mismatch, as_held, compare, form_dtype, held_form, random_fill_as
 from miles_engine.weights.check.errors import WeightCheckError
 from miles_engine.weights.check.exported import as_export, engine_dtypes
@@ -156,8 +157,8 @@ class CheckedTransport:
         else:
             suspects = names
         problems: list[Mismatch] = [Mismatch(n, "is missing on the engine") for n in suspects
-                                    if meta and n not in meta]
-        present = [n for n in suspects if not meta or n in meta]
+                                    if meta and not _served(n, meta)]
+        present = [n for n in suspects if not meta or _served(n, meta)]
         if not meta:  # a server that publishes no metadata (real SGLang): the trainer's shapes and dtypes
             from miles_engine.engines.protocol import TensorMeta
 
@@ -206,3 +207,9 @@ class CheckedTransport:
 
     async def close(self) -> None:
         await self.inner.close()
+
+
+def _served(name: str, meta: Mapping[str, Any]) -> bool:
+    """In the engine's metadata, or an adapter part of a weight that is (the engine serves the parts it merged)."""
+    lora = split_name(name)
+    return name in meta or (lora is not None and lora[0] in meta)
