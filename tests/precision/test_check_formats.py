@@ -5,25 +5,20 @@ engine must hold it -- in-process and across HTTP (a server engine over the broa
 from __future__ import annotations
 
 import json
-import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from miles_engine.engines.embedded.engine import EmbeddedEngine
 from miles_engine.engines.http.client import HttpEngine
-from miles_engine.engines.launch import ServerProcess
 from miles_engine.precision.quantizer import dequantize, quantize
 from miles_engine.weights import create_transport
 from miles_engine.weights.check import CheckOptions, WeightCheckError
 from miles_engine.weights.check.transport import CheckedTransport
 from tests.rollout.helpers import run
 from tests.weights.check_helpers import Alter
-from tests.weights.helpers import TINY_QWEN3, trainer_model
+from tests.weights.helpers import TINY_QWEN3, engine_process, trainer_model
 
-REPO = Path(__file__).resolve().parents[2]
 TARGET = "model.layers.0.mlp.up_proj.weight"
 
 
@@ -56,30 +51,22 @@ def test_colocated_check_passes_on_a_quantised_engine_and_names_a_lossy_load():
 
 @pytest.mark.timeout(150)
 def test_a_server_engine_publishes_its_format_and_the_broadcast_check_passes(tmp_path):
-    (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN3))
-    argv = [sys.executable, "-m", "miles_engine.run.engine_server", "--model", str(tmp_path / "config.json"),
-            "--port", "0", "--port-file", str(tmp_path / "port"), "--threads", "1", "--dtype", "float32",
-            "--engine-options", json.dumps({"weight_format": "nvfp4", "weight_exceptions": ["*.down_proj.*"]})]
-    proc = ServerProcess(argv, port_file=tmp_path / "port", cwd=REPO, name="engine",
-                         env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
     trainer = trainer_model(seed=5)
 
-    async def main():
-        await proc.start(75)
-        try:
-            engine = await HttpEngine(proc.url, name="engine-proc").connect()
-            meta = {m.name: m for m in engine.weight_metadata()}
-            assert meta[TARGET].format == "nvfp4"
-            assert meta["model.layers.0.mlp.down_proj.weight"].format is None  # an exception
-            transport = CheckedTransport(create_transport("broadcast", engine, bucket_bytes=16 << 10, backend="gloo",
-                                                          timeout_s=30, group_name="check-nvfp4"),
-                                         engine, CheckOptions())
-            stats = await transport.push(trainer.named_parameters(), version=1)
-            assert stats.tensors_checked == len(dict(trainer.named_parameters()))
-            await transport.close()
-        finally:
-            await proc.stop(grace_s=10)
-    run(main(), 140)
+    async def main(url: str):
+        engine = await HttpEngine(url, name="engine-proc").connect()
+        meta = {m.name: m for m in engine.weight_metadata()}
+        assert meta[TARGET].format == "nvfp4"
+        assert meta["model.layers.0.mlp.down_proj.weight"].format is None  # an exception
+        transport = CheckedTransport(create_transport("broadcast", engine, bucket_bytes=16 << 10, backend="gloo",
+                                                      timeout_s=30, group_name="check-nvfp4"),
+                                     engine, CheckOptions())
+        stats = await transport.push(trainer.named_parameters(), version=1)
+        assert stats.tensors_checked == len(dict(trainer.named_parameters()))
+        await transport.close()
+    options = json.dumps({"weight_format": "nvfp4", "weight_exceptions": ["*.down_proj.*"]})
+    with engine_process(tmp_path, "--engine-options", options, start_s=75) as proc:
+        run(main(proc.url), 140)
 
 
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp8", "nvfp4", "int4"])

@@ -4,10 +4,6 @@ engine then computes what the adapted trainer computes."""
 
 from __future__ import annotations
 
-import json
-import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -19,10 +15,9 @@ from miles_engine.weights.check import CheckOptions, WeightCheckError
 from miles_engine.weights.check.transport import CheckedTransport
 from tests.rollout.helpers import run
 from tests.weights.check_helpers import SkipOne
-from tests.weights.helpers import TINY_QWEN3
+from tests.weights.helpers import TINY_QWEN3, engine_process
 
 torch.set_num_threads(1)
-REPO = Path(__file__).resolve().parents[2]
 LORA = {"enabled": True, "rank": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "down_proj"]}
 ROWS = [([1, 5, 7, 9, 11, 13, 2, 40, 41], [0, 0, 0, 1, 1, 1, 1, 1, 1]),
         ([3, 8, 21, 22, 23, 24, 2], [0, 0, 1, 1, 1, 1, 1])]
@@ -94,18 +89,12 @@ def test_lora_push_is_checked_equal_and_the_engine_computes_the_adapted_policy(t
 @pytest.mark.timeout(180)
 def test_lora_push_over_broadcast_to_an_engine_process(tmp_path):
     from miles_engine.engines.http.client import HttpEngine
-    from miles_engine.engines.launch import ServerProcess
+    from miles_engine.weights.tensors import digests
 
-    (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN3))
-    argv = [sys.executable, "-m", "miles_engine.run.engine_server", "--model", str(tmp_path / "config.json"),
-            "--port", "0", "--port-file", str(tmp_path / "port"), "--threads", "1", "--dtype", "float32"]
-    proc = ServerProcess(argv, port_file=tmp_path / "port", cwd=REPO, name="engine",
-                         env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
-    run(proc.start(120), 130)
     trainer = lora_trainer()
 
-    async def main():
-        engine = await HttpEngine(proc.url, name="engine-proc").connect()
+    async def main(url: str):
+        engine = await HttpEngine(url, name="engine-proc").connect()
         try:
             t = create_transport("broadcast", engine, bucket_bytes=16 << 10, backend="gloo", timeout_s=30,
                                  group_name="lora", check=CheckOptions())
@@ -114,17 +103,13 @@ def test_lora_push_over_broadcast_to_an_engine_process(tmp_path):
             stats = await t.push(pushed, version=1)
             assert stats.tensors_checked == len(pushed) == 6
             sums = await engine.weight_checksums()
-            from miles_engine.weights.tensors import digests
-
             mine = digests(dict(pushed))
             assert all(sums[n] == d for n, d in mine.items())
             await t.close()
         finally:
             await engine.aclose()
-    try:
-        run(main(), 150)
-    finally:
-        run(proc.stop(grace_s=10), 30)
+    with engine_process(tmp_path) as proc:
+        run(main(proc.url), 150)
 
 
 def test_lora_sft_dropout_only_in_sft_steps():

@@ -3,38 +3,25 @@ group on loopback, verified tensor by tensor; engine-side refusals; missed pushe
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 import time
-from pathlib import Path
 
 import pytest
 import torch
 
 from miles_engine.engines.http.client import HttpEngine
-from miles_engine.engines.launch import ServerProcess
 from miles_engine.engines.protocol import GenerateRequest, SamplingParams
 from miles_engine.weights import WeightPushError, create_transport, verify_versions
 from miles_engine.weights.sender import Bucket
 from miles_engine.weights.tensors import digests
 from tests.rollout.helpers import run
-from tests.weights.helpers import TINY_QWEN3, differing, trainer_model
+from tests.weights.helpers import TINY_QWEN3, differing, engine_process, trainer_model
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("engine")
-    (tmp / "config.json").write_text(json.dumps(TINY_QWEN3))
-    argv = [sys.executable, "-m", "miles_engine.run.engine_server", "--model", str(tmp / "config.json"),
-            "--port", "0", "--port-file", str(tmp / "port"), "--threads", "1", "--dtype", "float32"]
-    proc = ServerProcess(argv, port_file=tmp / "port", cwd=REPO, name="engine",
-                         env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
-    run(proc.start(75), 90)
-    yield proc
-    run(proc.stop(grace_s=10), 30)
+    with engine_process(tmp_path_factory.mktemp("engine"), start_s=75) as proc:
+        yield proc
 
 
 @pytest.mark.timeout(120)

@@ -5,9 +5,6 @@ the trainer's and a lost part are refused or caught, with nothing half-applied."
 
 from __future__ import annotations
 
-import json
-import os
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,11 +23,10 @@ from miles_engine.weights.check.transport import CheckedTransport
 from miles_engine.weights.protocol import WeightPushError
 from tests.rollout.helpers import run
 from tests.weights.check_helpers import Alter
-from tests.weights.helpers import TINY_QWEN3
+from tests.weights.helpers import TINY_QWEN3, engine_process
 
 pytest.importorskip("peft")
 torch.set_num_threads(1)
-REPO = Path(__file__).resolve().parents[2]
 RANK = 4
 TARGETS = ["q_proj", "v_proj", "down_proj"]
 LORA = {"enabled": True, "rank": RANK, "alpha": 8, "target_modules": TARGETS}
@@ -166,19 +162,12 @@ def test_a_fresh_engine_keeps_its_base_at_the_first_adapter_push_and_a_rewritten
 @pytest.mark.timeout(180)
 def test_adapters_over_broadcast_to_an_engine_process(tmp_path):
     from miles_engine.engines.http.client import HttpEngine
-    from miles_engine.engines.launch import ServerProcess
     from miles_engine.weights.tensors import digests
 
-    (tmp_path / "config.json").write_text(json.dumps(TINY_QWEN3))
-    argv = [sys.executable, "-m", "miles_engine.run.engine_server", "--model", str(tmp_path / "config.json"),
-            "--port", "0", "--port-file", str(tmp_path / "port"), "--threads", "1", "--dtype", "float32"]
-    proc = ServerProcess(argv, port_file=tmp_path / "port", cwd=REPO, name="engine",
-                         env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"})
-    run(proc.start(120), 130)
     t = trainer("adapters")
 
-    async def main():
-        e = await HttpEngine(proc.url, name="engine-proc").connect()
+    async def main(url: str):
+        e = await HttpEngine(url, name="engine-proc").connect()
         try:
             transport = create_transport("broadcast", e, bucket_bytes=16 << 10, backend="gloo", timeout_s=30,
                                          group_name="lora-adapters", check=CheckOptions())
@@ -193,10 +182,8 @@ def test_adapters_over_broadcast_to_an_engine_process(tmp_path):
             await transport.close()
         finally:
             await e.aclose()
-    try:
-        run(main(), 150)
-    finally:
-        run(proc.stop(grace_s=10), 30)
+    with engine_process(tmp_path) as proc:
+        run(main(proc.url), 150)
 
 
 RECIPE = """\
