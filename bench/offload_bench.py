@@ -2,17 +2,19 @@
 
     .venv/bin/python bench/offload_bench.py [--reps 3] [--models smollm2,100m]
 
-Two torch trainers per model, same seed: ``offload: none`` and ``offload: disk`` (file in
-``--dir``, default $TMPDIR). Each repeat, interleaved: one GRPO ``train_step`` on 2 groups x 4
-rows of 64 tokens (AdamW, so its two moments exist), then for the ``disk`` trainer the offload
-(bytes per state kind, seconds, the process's RSS before and after) and the reload that the next
-step starts with. Models (random init; offload moves bytes, their values do not matter):
+Four torch trainers per model, same seed: ``offload: none``, ``offload: disk`` (file in ``--dir``,
+default $TMPDIR), ``optimizer_state: disk`` (Adam's moments streamed from a file through each
+update) and both. Each repeat, interleaved: one GRPO ``train_step`` on 2 groups x 4 rows of 64
+tokens (AdamW, so its two moments exist), then for the offloading trainers the offload (bytes per
+state kind, seconds, the process's RSS before and after) and the reload that the next step starts
+with. Models (random init; offload moves bytes, their values do not matter):
 
 - ``smollm2``: SmolLM2-135M-Instruct's shape (Llama, 30 layers, hidden 576, vocab 49152, tied)
 - ``100m``: a ~100M-parameter Qwen3 (12 layers, hidden 768, vocab 8192)
 
-Step time of the ``disk`` trainer includes its reload; the ratio to ``none`` is the step-time
-cost of offloading between steps. Medians [ranges] over the repeats.
+Step time of an offloading trainer includes its reload; the ratio to ``none`` is the step-time
+cost of offloading between steps, or of streaming the optimizer state. With the state streamed,
+an offload has no optimizer state left to move (it is on disk already). Medians [ranges].
 """
 
 from __future__ import annotations
@@ -66,46 +68,58 @@ def fmt(values: list[float], scale: float = 1.0, digits: int = 2) -> str:
 
 def bench(name: str, reps: int, directory: str) -> None:
     config = MODELS[name]
-    plain = TorchTrainer(config, TRAINER)
-    off = TorchTrainer(config, {**TRAINER, "offload": "disk", "offload_dir": directory})
+    stream = {"optimizer_state": "disk", "optimizer_state_dir": directory}
+    trainers = {"none": TorchTrainer(config, TRAINER),
+                "disk": TorchTrainer(config, {**TRAINER, "offload": "disk", "offload_dir": directory}),
+                "stream": TorchTrainer(config, {**TRAINER, **stream}),
+                "disk+stream": TorchTrainer(config, {**TRAINER, **stream, "offload": "disk", "offload_dir": directory})}
     batch = groups(config["vocab_size"])
-    step = {"none": [], "disk": []}
-    offload_s, reload_s, freed, before_rss, after_rss = [], [], [], [], []
-    figures: dict[str, float] = {}
-    for _ in range(reps + 1):  # the first step of each (optimizer state created) is not counted
-        for label, trainer in (("none", plain), ("disk", off)):
+    step: dict[str, list[float]] = {k: [] for k in trainers}
+    offload_s, reload_s, freed, after_rss, figures = ({k: [] for k in ("disk", "disk+stream")} for _ in range(5))
+    stream_s: list[float] = []
+    for i in range(reps + 1):  # the first step of each (optimizer state created) is not counted
+        order = list(trainers) if i % 2 == 0 else list(reversed(trainers))
+        for label in order:
+            trainer = trainers[label]
             t0 = time.perf_counter()
-            trainer.train_step(batch)
+            metrics = trainer.train_step(batch)
             step[label].append(time.perf_counter() - t0)
-        reload_s.append(off.offloader.report.reload_s)
-        gc.collect()
-        before = rss()
-        figures = off.offload()
-        after = rss()
-        offload_s.append(figures["offload_time"])
-        before_rss.append(before)
-        after_rss.append(after)
-        freed.append(before - after)
+            if label == "stream":
+                stream_s.append(metrics["optimizer_stream_s"])
+            if label in offload_s:
+                reload_s[label].append(trainer.offloader.report.reload_s)
+                gc.collect()
+                before = rss()
+                figures[label].append(trainer.offload())
+                after = rss()
+                offload_s[label].append(figures[label][-1]["offload_time"])
+                after_rss[label].append(after)
+                freed[label].append(before - after)
     step = {k: v[1:] for k, v in step.items()}
-    offload_s, reload_s, freed = offload_s[1:], reload_s[1:], freed[1:]  # reload_s[0]: nothing was offloaded
     gib = 1 << 30
-    n_params = sum(p.numel() for p in off.policy.parameters())
+    n_params = sum(p.numel() for p in trainers["none"].policy.parameters())
+    streamed = trainers["stream"].streams[id(trainers["stream"].optimizer)]
     print(f"\n### {name}: {n_params / 1e6:.0f}M parameters, float32\n")
-    print("| state kind | bytes offloaded, GiB |\n|---|---|")
+    print("| state kind | bytes offloaded, GiB: offload disk | offload disk + optimizer_state disk |\n|---|---|---|")
     for kind in ("weights", "grads", "optimizer"):
-        print(f"| {kind} | {figures[f'offload_bytes_{kind}'] / gib:.3f} |")
-    total = sum(figures[f"offload_bytes_{k}"] for k in ("weights", "grads", "optimizer"))
-    print(f"\n| figure | median [range] |\n|---|---|")
-    print(f"| offload to disk, s | {fmt(offload_s)} |")
-    print(f"| reload from disk (next step's start), s | {fmt(reload_s)} |")
-    print(f"| RSS before offload, GiB | {fmt(before_rss[1:], gib)} |")
-    print(f"| RSS after offload, GiB | {fmt(after_rss[1:], gib)} |")
-    print(f"| RSS freed / bytes offloaded | {fmt([f / total for f in freed])} |")
-    print(f"| step, offload none, s | {fmt(step['none'])} |")
-    print(f"| step incl. reload, offload disk, s | {fmt(step['disk'])} |")
-    print(f"| step-time ratio disk / none | {statistics.median(step['disk']) / statistics.median(step['none']):.2f}x |")
-    plain.close()
-    off.close()
+        print(f"| {kind} | {figures['disk'][-1][f'offload_bytes_{kind}'] / gib:.3f} | "
+              f"{figures['disk+stream'][-1][f'offload_bytes_{kind}'] / gib:.3f} |")
+    print("\n| figure | offload disk | offload disk + optimizer_state disk |\n|---|---|---|")
+    row = lambda title, d, scale=1.0: print(f"| {title} | {fmt(d['disk'][1:], scale)} | "  # noqa: E731
+                                            f"{fmt(d['disk+stream'][1:], scale)} |")
+    row("offload, s", offload_s)
+    row("reload (the next step's start), s", reload_s)
+    row("RSS after offload, GiB", after_rss, gib)
+    row("RSS freed by the offload, GiB", freed, gib)
+    print("\n| step (median [range]), s | |\n|---|---|")
+    for label in trainers:
+        ratio = statistics.median(step[label]) / statistics.median(step["none"])
+        print(f"| {label} | {fmt(step[label])} ({ratio:.2f}x) |")
+    print(f"\noptimizer_state disk: {fmt(stream_s[1:])} s of each step read and wrote the state file "
+          f"(bucket {TorchTrainer(config, TRAINER).config.optimizer_bucket_mb:.0f} MiB); at most "
+          f"{streamed.peak_resident_bytes / gib:.3f} GiB of it in memory at once, none between steps")
+    for trainer in trainers.values():
+        trainer.close()
 
 
 def main() -> None:

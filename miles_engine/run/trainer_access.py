@@ -33,18 +33,24 @@ class TrainerAccess:
         self._pushed_on_rank0: Any = None  # its Rank0Export last pushed
         self.step_rows: dict[tuple[str, int], dict[str, Any]] = {}  # the last train_step's, see train_step
         self.offload_dir: Path | None = None  # trainer.offload=disk: where the ranks' offload files go
+        self.optimizer_state_dir: Path | None = None  # trainer.optimizer_state=disk: the ranks' state files
 
     @classmethod
     def create(cls, policy: Any, cfg: RecipeConfig, ranks: Any = None, run_dir: Path | None = None) -> TrainerAccess:
         """``trainer.backend`` picks the backend, ``placement.trainer`` where it runs (the megatron
         backend always runs in rank processes), ``trainer.parallel.world_size`` how many ranks;
         ``ranks``: rank processes placed elsewhere (Ray actors). ``trainer.offload=disk`` writes
-        into ``RUN_DIR/offload`` unless ``trainer.offload_dir`` says where."""
+        into ``RUN_DIR/offload`` unless ``trainer.offload_dir`` says where, ``trainer.optimizer_state=disk``
+        into ``RUN_DIR/optimizer_state``."""
         trainer_cfg = cfg.trainer
         if trainer_cfg.offload == "disk" and trainer_cfg.offload_dir is None and run_dir is not None:
             trainer_cfg = trainer_cfg.model_copy(update={"offload_dir": str(run_dir / "offload")})
+        if trainer_cfg.optimizer_state == "disk" and trainer_cfg.optimizer_state_dir is None and run_dir is not None:
+            trainer_cfg = trainer_cfg.model_copy(update={"optimizer_state_dir": str(run_dir / "optimizer_state")})
         access = cls(create_trainer(policy, trainer_cfg, subprocess=cfg.placement.trainer == "subprocess", ranks=ranks))
         access.offload_dir = Path(trainer_cfg.offload_dir) if trainer_cfg.offload == "disk" else None
+        if trainer_cfg.optimizer_state == "disk" and trainer_cfg.optimizer_state_dir is not None:
+            access.optimizer_state_dir = Path(trainer_cfg.optimizer_state_dir)
         return access
 
     def _locked(self, fn: Any, *args: Any) -> Any:
@@ -142,10 +148,12 @@ class TrainerAccess:
 
     def close(self) -> None:
         self._locked(self.backend.close)
-        if self.offload_dir is not None:  # a rank killed before it closed leaves its offload file
-            from miles_engine.trainer.offload import remove_stale
+        from miles_engine.trainer.offload import remove_stale
 
+        if self.offload_dir is not None:  # a rank killed before it closed leaves its offload file
             remove_stale(self.offload_dir)
+        if self.optimizer_state_dir is not None:  # and its optimizer state file
+            remove_stale(self.optimizer_state_dir, ".optstate")
 
 
 def _pairs(exported: Any) -> list[tuple[str, Any]]:

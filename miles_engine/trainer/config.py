@@ -222,6 +222,14 @@ class TrainerConfig(Section):
         "training to none. The torch backend (one process or FSDP2 ranks)")
     offload_dir: str | None = Field(None, description="trainer.offload=disk: the directory of the offload file "
                                     "(local disk; default: $TMPDIR)")
+    optimizer_state: Literal["memory", "disk"] = Field(
+        "memory", description="where Adam's moments live: memory, or disk -- a file in optimizer_state_dir, read "
+        "and written bucket by bucket during each update only (one bucket in memory at a time, CRC-32-checked); "
+        "bit-identical training, the same checkpoints. The torch backend (one process or FSDP2 ranks)")
+    optimizer_state_dir: str | None = Field(None, description="trainer.optimizer_state=disk: the directory of the "
+                                            "state files (local disk; a run's default: RUN_DIR/optimizer_state)")
+    optimizer_bucket_mb: float = Field(64.0, gt=0, description="trainer.optimizer_state=disk: the optimizer state "
+                                       "one bucket of the update reads, steps and writes back at a time")
 
     weight_format: StageFormat = Field(
         "full", description="quantisation-aware training: every nn.Linear weight but the output head computes "
@@ -264,6 +272,10 @@ class TrainerConfig(Section):
         if self.offload != "none" and self.backend != "torch":
             raise ValueError(f"offload={self.offload!r} needs backend='torch' (got {self.backend!r}): the Megatron "
                              f"trainer's offload is not built yet; use trainer.offload=none")
+        if self.optimizer_state != "memory" and self.backend != "torch":
+            raise ValueError(f"optimizer_state={self.optimizer_state!r} needs backend='torch' (got {self.backend!r}): "
+                             f"the Megatron trainer's streamed optimizer state is not built yet; use "
+                             f"trainer.optimizer_state=memory")
         if self.lora.enabled and self.backend == "megatron":
             raise ValueError("lora.enabled=true needs backend='torch' (got 'megatron'): the Megatron trainer trains "
                              "the full model and has no adapters (miles export --merged would merge none); use "

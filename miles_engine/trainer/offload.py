@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import os
 import time
 import zlib
@@ -79,13 +80,23 @@ def _memory(storage: torch.UntypedStorage) -> memoryview:
     return memoryview((ctypes.c_char * storage.nbytes()).from_address(storage.data_ptr())).cast("B")
 
 
-def remove_stale(directory: Path) -> None:
-    """Offload files of processes that died offloaded (SIGKILL): scratch, never read again (a
-    resumed run's state comes from its checkpoint)."""
-    for path in directory.glob("*-*.offload"):
+def remove_stale(directory: Path, suffix: str = ".offload") -> None:
+    """Scratch files (``<name>-<pid><suffix>``) of processes that died (SIGKILL) while holding them:
+    never read again (a resumed run's state comes from its checkpoint)."""
+    for path in directory.glob(f"*-*{suffix}"):
         pid = path.stem.rsplit("-", 1)[1]
         if pid.isdigit() and not _alive(int(pid)):
             path.unlink(missing_ok=True)
+
+
+def scratch_path(directory: Path, name: str, suffix: str) -> Path:
+    """A scratch file of this process no other in it shares (two trainers in one process each get
+    their own), ``<name>.<n>-<pid><suffix>``; the files of dead processes in ``directory`` are removed."""
+    remove_stale(directory, suffix)
+    return directory / f"{name}.{next(_SCRATCH)}-{os.getpid()}{suffix}"
+
+
+_SCRATCH = itertools.count()
 
 
 def _alive(pid: int) -> bool:
@@ -140,8 +151,7 @@ class Offloader:
         if mode == "none":
             raise ValueError("Offloader needs mode host or disk")
         self.mode = mode
-        self.path = Path(directory or os.environ.get("TMPDIR", "/tmp")) / f"{name}-{os.getpid()}.offload"
-        remove_stale(self.path.parent)
+        self.path = scratch_path(Path(directory or os.environ.get("TMPDIR", "/tmp")), name, ".offload")
         self._stored: list[_Stored] = []
         self.report = OffloadReport()
 

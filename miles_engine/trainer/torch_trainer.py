@@ -38,6 +38,7 @@ from miles_engine.trainer.losses import aggregate
 from miles_engine.trainer.models import (Critic, ValueHead, build_causal_lm, forward_logprobs, frozen_copy,
                                          hidden_size, keep_mask)
 from miles_engine.trainer.optim import build_optimizer
+from miles_engine.trainer.optimizer_stream import StreamedOptimizerState, for_optimizer
 from miles_engine.trainer.parallel import Local
 from miles_engine.trainer.rows import as_sft_rows, plan_micro_batches, split_groups, validate_groups
 
@@ -110,6 +111,8 @@ class TorchTrainer:
         self.optimizer, self.scheduler = build_optimizer(groups, cfg.optimizer, cfg.lr_schedule)
         self._sft_opt: tuple[torch.optim.Optimizer, Any] | None = None
         self.offloader = for_trainer(cfg.offload, cfg.offload_dir, self.device, name=f"trainer-rank{self.comm.rank}")
+        self.streams: dict[int, StreamedOptimizerState] = {}  # trainer.optimizer_state=disk, per optimizer
+        self._stream(self.optimizer, "rl")
         self.weight_version = 0
         self.rl_steps = 0
         self.sft_steps = 0
@@ -151,6 +154,7 @@ class TorchTrainer:
             self._sft_opt = build_optimizer([{"params": [p for p in self.policy.parameters() if p.requires_grad]}],
                                             sft.optimizer or self.config.optimizer,
                                             sft.lr_schedule or self.config.lr_schedule)
+            self._stream(self._sft_opt[0], "sft")
         return self._sft_opt
 
     def global_counts(self, batch: StepBatch, rows: Sequence[int]) -> tuple[float, float]:
@@ -227,12 +231,21 @@ class TorchTrainer:
         norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
         lr = float(sched.get_last_lr()[0])
         skipped = not math.isfinite(norm)
+        stream = self.streams.get(id(opt))
         if not skipped:
-            opt.step()
+            (stream.step if stream is not None else opt.step)()
             sched.step()
             self.weight_version += 1
         opt.zero_grad(set_to_none=True)
-        return {"grad_norm": norm, "lr": lr, "skipped_steps": float(skipped)}
+        out = {"grad_norm": norm, "lr": lr, "skipped_steps": float(skipped)}
+        return out if stream is None else {**out, **stream.figures()}
+
+    def _stream(self, opt: torch.optim.Optimizer, role: str) -> None:
+        cfg = self.config
+        stream = for_optimizer(opt, cfg.optimizer_state, cfg.optimizer_state_dir, cfg.optimizer_bucket_mb,
+                               name=f"trainer-rank{self.comm.rank}-{role}")
+        if stream is not None:
+            self.streams[id(opt)] = stream
 
     def reduce_metrics(self, sums: dict[str, Tensor]) -> dict[str, float]:
         """Sum over ranks; every rank must pass the same keys (a collective)."""
@@ -397,6 +410,8 @@ class TorchTrainer:
             self.replay.close()
         if self.offloader is not None:
             self.offloader.close()
+        for stream in self.streams.values():
+            stream.close()
         self.comm.close()
 
     def __enter__(self) -> TorchTrainer:

@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 from miles_engine.trainer import lora
+from miles_engine.trainer.optimizer_stream import all_resident
 
 
 def full_state(trainer: Any) -> dict[str, Any]:
     opts = [trainer.optimizer] + ([trainer._sft_opt[0]] if trainer._sft_opt else [])
-    model_sd, optim_sds = trainer.comm.full_state(trainer.root, opts)
+    with all_resident(getattr(trainer, "streams", {}).values()):  # trainer.optimizer_state=disk
+        model_sd, optim_sds = trainer.comm.full_state(trainer.root, opts)
     if trainer.config.lora.enabled:  # the frozen base (and the reference) come back from the model source
         model_sd = {k: v for k, v in model_sd.items()
                     if lora.is_adapter_key(k) or not k.startswith(("policy.", "reference."))}
@@ -29,8 +31,9 @@ def load_full_state(trainer: Any, state: dict[str, Any]) -> None:
             raise ValueError("checkpoint has an SFT optimizer but trainer.sft.optimizer is not configured")
         pairs.append((opt, state["sft_optimizer"] or {}))
         sched.load_state_dict(state["sft_scheduler"])
-    trainer.comm.load_full_state(trainer.root, state.get("model") or {}, pairs,
-                                 strict=not trainer.config.lora.enabled)
+    with all_resident(getattr(trainer, "streams", {}).values()):  # written back to the files on exit
+        trainer.comm.load_full_state(trainer.root, state.get("model") or {}, pairs,
+                                     strict=not trainer.config.lora.enabled)
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.weight_version = int(state["weight_version"])
     trainer.rl_steps, trainer.sft_steps = int(state.get("rl_steps", 0)), int(state.get("sft_steps", 0))

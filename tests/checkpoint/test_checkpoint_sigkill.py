@@ -170,9 +170,12 @@ def test_crash_points_chain_then_resume_trains_every_group_once(tmp_path: Path, 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_sigkill_at_random_points(tmp_path: Path, baseline, subreaper, seed: int) -> None:
+    """Killed anywhere, resumed, it trained what the uninterrupted run did; seed 2 keeps its
+    optimizer state on disk (trainer.optimizer_state=disk: bit-identical, the same checkpoints)."""
     rng = random.Random(seed)
     run = tmp_path / "r"
-    args = ["tiny-terminal", *FAST, f"run.out_dir={tmp_path}", "run.name=r"]
+    streamed = ["trainer.optimizer_state=disk"] if seed == 2 else []
+    args = ["tiny-terminal", *FAST, *streamed, f"run.out_dir={tmp_path}", "run.name=r"]
     log = tmp_path / "log"
     proc = start(args, log)
     ckpts = run / "checkpoints"
@@ -182,6 +185,9 @@ def test_sigkill_at_random_points(tmp_path: Path, baseline, subreaper, seed: int
     assert any(ckpts.glob("step_*")), log.read_text()[-3000:]
     finish(run, log)
     assert_same_training(run, baseline)
+    if streamed:
+        assert (run / "optimizer_state").is_dir() and not list((run / "optimizer_state").iterdir()), \
+            "a state file outlived its run"
 
 
 @pytest.mark.slow
