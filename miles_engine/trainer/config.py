@@ -225,7 +225,7 @@ class TrainerConfig(Section):
     optimizer_state: Literal["memory", "disk"] = Field(
         "memory", description="where Adam's moments live: memory, or disk -- a file in optimizer_state_dir, read "
         "and written bucket by bucket during each update only (one bucket in memory at a time, CRC-32-checked); "
-        "bit-identical training, the same checkpoints. The torch backend (one process or FSDP2 ranks)")
+        "bit-identical training, the same checkpoints. Both backends (each rank streams its own shards)")
     optimizer_state_dir: str | None = Field(None, description="trainer.optimizer_state=disk: the directory of the "
                                             "state files (local disk; a run's default: RUN_DIR/optimizer_state)")
     optimizer_bucket_mb: float = Field(64.0, gt=0, description="trainer.optimizer_state=disk: the optimizer state "
@@ -272,10 +272,6 @@ class TrainerConfig(Section):
         if self.offload != "none" and self.backend != "torch":
             raise ValueError(f"offload={self.offload!r} needs backend='torch' (got {self.backend!r}): the Megatron "
                              f"trainer's offload is not built yet; use trainer.offload=none")
-        if self.optimizer_state != "memory" and self.backend != "torch":
-            raise ValueError(f"optimizer_state={self.optimizer_state!r} needs backend='torch' (got {self.backend!r}): "
-                             f"the Megatron trainer's streamed optimizer state is not built yet; use "
-                             f"trainer.optimizer_state=memory")
         if self.lora.enabled and self.backend == "megatron":
             raise ValueError("lora.enabled=true needs backend='torch' (got 'megatron'): the Megatron trainer trains "
                              "the full model and has no adapters (miles export --merged would merge none); use "

@@ -243,7 +243,7 @@ class TorchTrainer:
     def _stream(self, opt: torch.optim.Optimizer, role: str) -> None:
         cfg = self.config
         stream = for_optimizer(opt, cfg.optimizer_state, cfg.optimizer_state_dir, cfg.optimizer_bucket_mb,
-                               name=f"trainer-rank{self.comm.rank}-{role}")
+                               name=f"trainer-rank{_global_rank()}-{role}")
         if stream is not None:
             self.streams[id(opt)] = stream
 
@@ -419,3 +419,7 @@ class TorchTrainer:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _global_rank() -> int:
+    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0

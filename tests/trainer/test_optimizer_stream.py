@@ -117,8 +117,8 @@ def test_a_damaged_state_file_stops_the_update(tmp_path, damage: str) -> None:
 
 
 def test_optimizer_state_refusals() -> None:
-    with pytest.raises(ConfigError, match="optimizer_state='disk' needs backend='torch'"):
-        TrainerConfig.load({"backend": "megatron", "optimizer_state": "disk"})
+    with pytest.raises(ConfigError, match="optimizer_state"):
+        TrainerConfig.load({"optimizer_state": "ssd"})
     with pytest.raises(ConfigError, match="optimizer_bucket_mb"):
         TrainerConfig.load({"optimizer_bucket_mb": 0})
 
@@ -152,3 +152,19 @@ def test_with_offload_the_state_already_on_disk_does_not_move_again(tmp_path) ->
     got, want = params(both), params(memory)
     assert all(torch.equal(got[k], want[k]) for k in want)
     both.close()
+
+
+def test_megatron_tensor_parallel_ranks_stream_their_shards_and_train_as_memory(tmp_path) -> None:
+    pytest.importorskip("megatron.core")
+    from miles_engine.trainer.factory import create_trainer
+
+    groups = random_groups(3, 3, seed=1)
+    cfg = {**CFG, "backend": "megatron", "megatron": {"tensor_parallel": 2}}
+    with create_trainer(TINY, cfg, world_size=2) as memory, \
+            create_trainer(TINY, {**_streamed(tmp_path), **cfg}, world_size=2) as disk:
+        for _ in range(3):
+            _same(memory.train_step(groups), disk.train_step(groups))
+            assert len(list(tmp_path.glob("*.optstate"))) == 2  # one per tensor-parallel rank
+        got, want = dict(disk.named_tensors()), dict(memory.named_tensors())
+        assert all(torch.equal(got[k], want[k]) for k in want)
+        assert _state_equal(memory.state_dict()["optimizer"], disk.state_dict()["optimizer"])

@@ -27,6 +27,7 @@ from miles_engine.trainer.megatron.gpt import HFCausalLM, build_gpt, shape_of
 from miles_engine.trainer.megatron.pipeline import last_stage_metrics, reduce_tied_embedding_grads
 from miles_engine.trainer.models import ValueHead, build_causal_lm
 from miles_engine.trainer.optim import build_optimizer
+from miles_engine.trainer.optimizer_stream import all_resident
 from miles_engine.trainer.parallel import Local
 from miles_engine.trainer.torch_trainer import _DTYPES, TorchTrainer
 
@@ -172,6 +173,8 @@ class MegatronTrainer(TorchTrainer):
             groups.append({"params": list(self.value_head.parameters()), "lr": cfg.value.lr or cfg.optimizer.lr})
         self.optimizer, self.scheduler = build_optimizer(groups, cfg.optimizer, cfg.lr_schedule)
         self._sft_opt = None
+        self.streams = {}  # trainer.optimizer_state=disk: each rank streams its shards' state
+        self._stream(self.optimizer, "rl")
         self.weight_version = 0
         self.rl_steps = 0
         self.sft_steps = 0
@@ -319,33 +322,40 @@ class MegatronTrainer(TorchTrainer):
                 for p in params:
                     if p.grad is not None:
                         p.grad.mul_(coef)
-            opt.step()
+            stream = self.streams.get(id(opt))
+            (stream.step if stream is not None else opt.step)()
             sched.step()
             self.weight_version += 1
         opt.zero_grad(set_to_none=True)
-        return {"grad_norm": norm, "lr": lr, "skipped_steps": float(skipped)}
+        out = {"grad_norm": norm, "lr": lr, "skipped_steps": float(skipped)}
+        return {**out, **stream.figures()} if not skipped and stream is not None else out
 
     # ------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """The torch backend's format (HF parameter names), gathered on rank 0: see :mod:`.state`."""
-        return state.state_dict(self)
+        with all_resident(self.streams.values()):
+            return state.state_dict(self)
 
     def load_state_dict(self, state_: dict[str, Any]) -> None:
         """Every rank gets the full state and loads its shards (from the state itself, or from the
         Megatron distributed checkpoint it names: :mod:`.dist_checkpoint`)."""
-        if dist_checkpoint.is_dist(state_):
-            dist_checkpoint.load(self, state_)
-        else:
-            state.load_state_dict(self, state_)
+        with all_resident(self.streams.values()):
+            if dist_checkpoint.is_dist(state_):
+                dist_checkpoint.load(self, state_)
+            else:
+                state.load_state_dict(self, state_)
 
     def save_shards(self, directory: str) -> dict[str, Any]:
         """``trainer.megatron.checkpoint_format=dist``: this rank's shards into ``directory`` (a
         collective), the small rest returned (see :mod:`.dist_checkpoint`)."""
-        return dist_checkpoint.save(self, directory)
+        with all_resident(self.streams.values()):
+            return dist_checkpoint.save(self, directory)
 
     def close(self) -> None:
         if self.replay is not None:
             self.replay.close()
+        for stream in self.streams.values():
+            stream.close()
         self.comm.close()
 
 
