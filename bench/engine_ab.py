@@ -107,7 +107,7 @@ async def main(args: argparse.Namespace) -> None:
                           f"{results[name]['sessions'][-1]:.1f} tok/s, push {results[name]['push'][-1]:.2f} s",
                           flush=True)
     base = statistics.median(results["miles server"]["wave"])
-    print(f"\n| engine | start, s | GRPO wave, tok/s | vs ours | sessions, tok/s | push, s |\n|---|---|---|---|---|---|")
+    print("\n| engine | start, s | GRPO wave, tok/s | vs ours | sessions, tok/s | push, s |\n|---|---|---|---|---|---|")
     for name, r in results.items():
         print(f"| {name} | {r['start'][0]:.0f} | {fmt(r['wave'])} | {statistics.median(r['wave']) / base:.2f}x | "
               f"{fmt(r['sessions'])} | {statistics.median(r['push']):.2f} [{min(r['push']):.2f}-{max(r['push']):.2f}] |")

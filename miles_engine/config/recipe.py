@@ -173,12 +173,25 @@ class RecipeConfig(Section):
                 return (f"engines.{i} is kind {g.kind!r}, which loads merged weights only; kinds that merge adapters "
                         f"themselves: embedded, server")
         if self.weights.transport not in ("colocated", "broadcast"):
-            return (f"weights.transport={self.weights.transport!r} ships whole tensors against a baseline; adapters "
-                    f"travel by colocated or broadcast")
+            return (f"weights.transport={self.weights.transport!r} ships whole tensors; adapters travel by colocated "
+                    f"or broadcast")
         if self.precision.quantised:
             return (f"precision.rollout={self.precision.rollout!r}: the engines hold quantised weights, and the "
                     f"trainer quantises the merged weight itself")
         return None
+
+    @model_validator(mode="after")
+    def _p2p_sources(self) -> RecipeConfig:
+        # p2p's sources gather the torch trainer's HF-named tensors; quantised engines take their parts by broadcast
+        if self.weights.transport != "p2p":
+            return self
+        if self.trainer.backend != "torch":
+            raise ValueError(f"weights.transport='p2p' needs trainer.backend='torch' (got {self.trainer.backend!r}): "
+                             f"its sources are the torch trainer's ranks; use weights.transport=broadcast")
+        if self.precision.quantised:
+            raise ValueError(f"weights.transport='p2p' ships full-precision tensors; precision.rollout="
+                             f"{self.precision.rollout!r} needs weights.transport=broadcast (or colocated)")
+        return self
 
     @model_validator(mode="after")
     def _one_on_update(self) -> RecipeConfig:

@@ -111,6 +111,13 @@ class WeightSyncDelegation:
         if version is not None and kwargs.get("commit") is not False:
             self._version, self._source = int(version), "broadcast"
 
+    async def commit_staged(self, *, group_name: str, weight_version: int, push_id: str,
+                            generation: int | None = None) -> None:
+        await self._once("commit_staged", lambda c: c.commit_staged(group_name=group_name,
+                                                                    weight_version=weight_version, push_id=push_id),
+                         generation)
+        self._version, self._source = int(weight_version), "broadcast"
+
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
         client = self.client
         if client is None:

@@ -279,6 +279,13 @@ async def _start_transport(cfg: RecipeConfig, run_dir: Path, engines: Router, ki
         # adapters (trainer.lora.push) are small: they pass through this process like the draft
         sender = trainer.use_rank0_sender() if draft is None and cfg.trainer.lora.push == "merged" else None
         options.update({"sender": sender} if sender is not None else {"master_address": placement.driver_address()})
+    if w.transport == "p2p":  # the trainer ranks write to the engines; the driver keeps the control plane
+        if draft is not None:
+            raise ConfigError("engines.N.options.speculative.train with weights.transport=p2p: the co-trained draft "
+                              "lives in this process, not on the trainer ranks; use weights.transport=broadcast")
+        options = {"sources": trainer.p2p_sources(), "bucket_bytes": int(w.p2p.bucket_mb * 2**20),
+                   "backend": w.p2p.backend, "timeout_s": w.p2p.timeout_s,
+                   "master_address": placement.driver_address() if placement is not None else "127.0.0.1"}
     if w.transport == "disk_delta":
         options = {**w.disk_delta.model_dump(), "root": w.disk_delta.root or str(run_dir / "weights")}
         if options["baseline"] is None and not any(kind.in_process for kind in kinds):

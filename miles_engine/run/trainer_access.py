@@ -30,6 +30,7 @@ class TrainerAccess:
         self._lock = threading.Lock()
         self._pushed: tuple[dict[str, Any], int] | None = None
         self._rank0: Any = None  # Rank0Sender when trainer rank 0 broadcasts the weights itself
+        self._p2p: Any = None  # TrainerSources when the trainer ranks write to the engines (weights.transport=p2p)
         self._pushed_on_rank0: Any = None  # its Rank0Export last pushed
         self.step_rows: dict[tuple[str, int], dict[str, Any]] = {}  # the last train_step's, see train_step
         self.offload_dir: Path | None = None  # trainer.offload=disk: where the ranks' offload files go
@@ -98,8 +99,20 @@ class TrainerAccess:
         self._rank0 = Rank0Sender(ranks, control_timeout_s=control_timeout_s)
         return self._rank0
 
+    def p2p_sources(self) -> Any:
+        """The trainer's ranks as the p2p transport's sources; from now on a push's export stays on them."""
+        from miles_engine.weights.p2p import TrainerSources
+
+        self._p2p = TrainerSources(self.backend, lock=self._lock)
+        return self._p2p
+
     async def export_for_push(self) -> Any:
-        """What a push sends: the trainer's tensors here, or (rank-0 sender) rank 0's export, kept there."""
+        """What a push sends: the trainer's tensors here, or (rank-0 sender, p2p sources) an export
+        the trainer ranks keep."""
+        if self._p2p is not None:
+            from miles_engine.weights.p2p import P2PExport
+
+            return await P2PExport.stage(self._p2p, self.weight_version)
         if self._rank0 is None:
             return await self.named_tensors()
         version = self.weight_version

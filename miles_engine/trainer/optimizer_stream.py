@@ -223,6 +223,16 @@ def for_optimizer(optimizer: torch.optim.Optimizer, mode: str, directory: str | 
                                   bucket_bytes=max(int(bucket_mb * 2**20), 1), name=name)
 
 
+def stream_state(trainer: Any, optimizer: torch.optim.Optimizer, role: str) -> None:
+    """Register ``optimizer``'s stream in ``trainer.streams`` when its config says ``disk``."""
+    cfg = trainer.config
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    stream = for_optimizer(optimizer, cfg.optimizer_state, cfg.optimizer_state_dir, cfg.optimizer_bucket_mb,
+                           name=f"trainer-rank{rank}-{role}")
+    if stream is not None:
+        trainer.streams[id(optimizer)] = stream
+
+
 @contextlib.contextmanager
 def all_resident(streams: Any) -> Iterator[None]:
     """Every streamed optimizer's whole state in memory (a checkpoint, a resume)."""

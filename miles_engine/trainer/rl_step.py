@@ -14,7 +14,8 @@ computes the mismatch weights and statistics per micro-batch, reduced after the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import math
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -247,3 +248,20 @@ def update(tr: TorchTrainer, batch: StepBatch, n_minibatches: int) -> dict[str, 
     out["skipped_steps"] = totals.get("skipped_steps", 0.0)
     out["optimizer_steps"] = float(steps)
     return out
+
+
+def optimizer_step(tr: TorchTrainer, opt: torch.optim.Optimizer, sched: Any, params: list[Any]) -> dict[str, float]:
+    """Clip, step (streaming the optimizer state where ``trainer.optimizer_state=disk``), schedule."""
+    max_norm = tr.config.grad_clip if tr.config.grad_clip is not None else math.inf
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    lr = float(sched.get_last_lr()[0])
+    skipped = not math.isfinite(norm)
+    stream = tr.streams.get(id(opt))
+    if not skipped:
+        (stream.step if stream is not None else opt.step)()
+        sched.step()
+        tr.weight_version += 1
+    opt.zero_grad(set_to_none=True)
+    out = {"grad_norm": norm, "lr": lr, "skipped_steps": float(skipped)}
+    return out if stream is None else {**out, **stream.figures()}

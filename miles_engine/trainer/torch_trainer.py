@@ -15,7 +15,6 @@ stay in step, and metrics are all-reduced.
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any
@@ -38,7 +37,7 @@ from miles_engine.trainer.losses import aggregate
 from miles_engine.trainer.models import (Critic, ValueHead, build_causal_lm, forward_logprobs, frozen_copy,
                                          hidden_size, keep_mask)
 from miles_engine.trainer.optim import build_optimizer
-from miles_engine.trainer.optimizer_stream import StreamedOptimizerState, for_optimizer
+from miles_engine.trainer.optimizer_stream import StreamedOptimizerState, stream_state
 from miles_engine.trainer.parallel import Local
 from miles_engine.trainer.rows import as_sft_rows, plan_micro_batches, split_groups, validate_groups
 
@@ -112,7 +111,7 @@ class TorchTrainer:
         self._sft_opt: tuple[torch.optim.Optimizer, Any] | None = None
         self.offloader = for_trainer(cfg.offload, cfg.offload_dir, self.device, name=f"trainer-rank{self.comm.rank}")
         self.streams: dict[int, StreamedOptimizerState] = {}  # trainer.optimizer_state=disk, per optimizer
-        self._stream(self.optimizer, "rl")
+        stream_state(self, self.optimizer, "rl")
         self.weight_version = 0
         self.rl_steps = 0
         self.sft_steps = 0
@@ -154,7 +153,7 @@ class TorchTrainer:
             self._sft_opt = build_optimizer([{"params": [p for p in self.policy.parameters() if p.requires_grad]}],
                                             sft.optimizer or self.config.optimizer,
                                             sft.lr_schedule or self.config.lr_schedule)
-            self._stream(self._sft_opt[0], "sft")
+            stream_state(self, self._sft_opt[0], "sft")
         return self._sft_opt
 
     def global_counts(self, batch: StepBatch, rows: Sequence[int]) -> tuple[float, float]:
@@ -226,26 +225,7 @@ class TorchTrainer:
         return sums
 
     def optimizer_step(self, opt: torch.optim.Optimizer, sched: Any, params: list[nn.Parameter]) -> dict[str, float]:
-        max_norm = self.config.grad_clip if self.config.grad_clip is not None else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        norm = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
-        lr = float(sched.get_last_lr()[0])
-        skipped = not math.isfinite(norm)
-        stream = self.streams.get(id(opt))
-        if not skipped:
-            (stream.step if stream is not None else opt.step)()
-            sched.step()
-            self.weight_version += 1
-        opt.zero_grad(set_to_none=True)
-        out = {"grad_norm": norm, "lr": lr, "skipped_steps": float(skipped)}
-        return out if stream is None else {**out, **stream.figures()}
-
-    def _stream(self, opt: torch.optim.Optimizer, role: str) -> None:
-        cfg = self.config
-        stream = for_optimizer(opt, cfg.optimizer_state, cfg.optimizer_state_dir, cfg.optimizer_bucket_mb,
-                               name=f"trainer-rank{_global_rank()}-{role}")
-        if stream is not None:
-            self.streams[id(opt)] = stream
+        return rl_step.optimizer_step(self, opt, sched, params)
 
     def reduce_metrics(self, sums: dict[str, Tensor]) -> dict[str, float]:
         """Sum over ranks; every rank must pass the same keys (a collective)."""
@@ -394,6 +374,11 @@ class TorchTrainer:
         return iter([(name, t.to(target) if target is not None else t) for name, t in state.items()])
 
     @resident
+    def full_tensors(self) -> dict[str, Tensor]:
+        """The policy's full tensors on every rank (the p2p transport's sources): see :func:`trainer_state.full_tensors`."""
+        return trainer_state.full_tensors(self)
+
+    @resident
     def state_dict(self) -> dict[str, Any]:
         """Everything to resume: model (policy, reference, critic), optimizer(s), scheduler(s),
         counters; parameter-name keyed, so it loads into either backend. In one process the
@@ -420,6 +405,3 @@ class TorchTrainer:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-
-def _global_rank() -> int:
-    return torch.distributed.get_rank() if torch.distributed.is_initialized() else 0

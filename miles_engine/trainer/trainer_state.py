@@ -37,3 +37,14 @@ def load_full_state(trainer: Any, state: dict[str, Any]) -> None:
     trainer.scheduler.load_state_dict(state["scheduler"])
     trainer.weight_version = int(state["weight_version"])
     trainer.rl_steps, trainer.sft_steps = int(state.get("rl_steps", 0)), int(state.get("sft_steps", 0))
+
+
+def full_tensors(trainer: Any) -> dict[str, Any]:
+    """On every rank: the policy's full tensors under the HF names, as ``named_tensors`` exports them
+    (LoRA merged), each rank gathering every shard (an all-gather per tensor under FSDP2, in one order
+    on every rank), so every rank can be a p2p source."""
+    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach()
+             for k, v in trainer.policy.state_dict().items()}
+    if trainer.config.lora.enabled:
+        state = lora.engine_tensors(state, trainer.config.lora.scaling)
+    return state

@@ -7,6 +7,7 @@
 - ``colocated``: engines in this process (:class:`ColocatedTransport`).
 - ``broadcast``: engine processes over a torch.distributed group (:class:`BroadcastTransport`).
 - ``disk_delta``: versioned byte patches under a shared directory (:mod:`.disk_delta`).
+- ``p2p``: every trainer rank writes to its planned engines point to point (:mod:`.p2p`).
 
 Every push ends by checking that each engine reports the pushed version
 (:class:`WeightPushError` otherwise). ``check=CheckOptions()`` wraps any transport in
@@ -25,6 +26,7 @@ TRANSPORTS: dict[str, str] = {
     "colocated": "miles_engine.weights.colocated:ColocatedTransport",
     "broadcast": "miles_engine.weights.broadcast:BroadcastTransport",
     "disk_delta": "miles_engine.weights.disk_delta.transport:DiskDeltaTransport",
+    "p2p": "miles_engine.weights.p2p:P2PTransport",
 }
 
 __all__ = ["TRANSPORTS", "PushStats", "WeightPushError", "WeightTransport", "create_transport", "transport_class",

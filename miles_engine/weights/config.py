@@ -11,8 +11,20 @@ from miles_engine.weights.check.options import CheckOptions, CheckTolerance
 from miles_engine.weights.disk_delta.options import DiskDeltaOptions
 
 
+class P2POptions(Section):
+    """``weights.p2p``: the trainer ranks write into the engines point to point (:mod:`miles_engine.weights.p2p`)."""
+
+    bucket_mb: float = Field(64.0, gt=0, description="bytes per write (and per staging buffer: two per trainer rank)")
+    backend: Literal["auto", "gloo", "nccl"] = Field("auto", description="the group's backend (auto: nccl with CUDA)")
+    timeout_s: float = Field(120.0, gt=0, description="a write or a join that takes longer fails the update")
+
+
 class WeightsConfig(Section):
-    transport: Literal["colocated", "broadcast", "disk_delta"] = "colocated"
+    transport: Literal["colocated", "broadcast", "disk_delta", "p2p"] = Field(
+        "colocated", description="colocated (engines in this process), broadcast (one sender, every engine gets "
+        "every tensor), disk_delta (versioned patches on a shared disk), p2p (every trainer rank writes to the "
+        "engines the plan gives it, each engine gets what its layout declares)")
+    p2p: P2POptions = Field(default_factory=P2POptions, description="options of transport=p2p")
     disk_delta: DiskDeltaOptions = Field(default_factory=DiskDeltaOptions,
                                          description="options of transport=disk_delta (root default: RUN_DIR/weights)")
     lora: Literal["auto", "merged", "adapters"] = Field(

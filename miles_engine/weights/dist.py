@@ -119,6 +119,18 @@ def broadcast(group: Any, tensor: torch.Tensor, src: int = 0) -> None:
         torch.cuda.current_stream().synchronize()
 
 
+def receive(group: Any, tensor: torch.Tensor, src: int) -> None:
+    """Blocking point-to-point receive of ``tensor`` from rank ``src`` (in place)."""
+    group.recv([tensor], src, 0).wait()
+    if tensor.is_cuda:
+        torch.cuda.current_stream().synchronize()
+
+
+def send(group: Any, tensor: torch.Tensor, dst: int) -> Any:
+    """Start sending ``tensor`` to rank ``dst``; the returned work's ``wait()`` ends it."""
+    return group.send([tensor], dst, 0)
+
+
 def in_daemon_thread(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
     """Run a blocking rendezvous / collective in a daemon thread. Unlike ``asyncio.to_thread``,
     a collective stuck until its timeout (a peer refused or died) never holds up the

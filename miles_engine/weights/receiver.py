@@ -10,7 +10,9 @@ Two wire layouts: ``load_format=None`` (SGLang's): one broadcast per tensor, in 
 offsets. Ours also takes ``miles_commit`` (default true): ``false`` stages the bucket and
 changes nothing; the committing bucket then loads every staged tensor in one
 ``engine.update_weights`` call, so an engine never serves half of a push. ``miles_push_id``
-names the push: staged buckets of an unfinished earlier push are discarded, never mixed in. Every bucket is
+names the push: staged buckets of an unfinished earlier push are discarded, never mixed in.
+``miles_p2p_src`` (the ``p2p`` transport): the flat bucket comes point to point from that rank
+of the group, not by broadcast; ``miles_commit_only`` (no tensors) loads what a push staged. Every bucket is
 received in full before it is checked against the engine's metadata (the broadcast must be
 drained either way); a bad bucket discards what was staged and changes nothing.
 """
@@ -90,7 +92,8 @@ class DistributedReceiver:
         self._staged, self._staged_for = {}, None
         return f"Succeed to destroy custom process group {name!r}."
 
-    def _receive(self, group: _Group, dtypes: list[Any], shapes: list[list[int]], flat: bool) -> list[Any]:
+    def _receive(self, group: _Group, dtypes: list[Any], shapes: list[list[int]], flat: bool,
+                 src: int | None = None) -> list[Any]:
         import torch
 
         from miles_engine.weights import dist, tensors
@@ -99,7 +102,10 @@ class DistributedReceiver:
         if flat:
             _, total = tensors.layout(dtypes, shapes)
             buf = torch.empty(total, dtype=torch.uint8, device=device)
-            dist.broadcast(group.handle, buf)
+            if src is None:
+                dist.broadcast(group.handle, buf)
+            else:  # p2p: from the one source the transport's plan gave this engine
+                dist.receive(group.handle, buf, src)
             out = tensors.unpack(buf, dtypes, shapes)
         else:
             out = [torch.empty(tuple(s), dtype=d, device=device) for d, s in zip(dtypes, shapes)]
@@ -111,9 +117,16 @@ class DistributedReceiver:
         """Receive one bucket; stage it or load everything staged. Returns (message, new version)."""
         from miles_engine.weights import dist, tensors
 
+        if body.get("miles_commit_only") is True:
+            return await self._commit_staged(body)
         names = _field(body, "names", list)
         dtype_names = _field(body, "dtypes", list)
         shapes = _field(body, "shapes", list)
+        src = body.get("miles_p2p_src")
+        if src is not None and (isinstance(src, bool) or not isinstance(src, int) or src < 0):
+            raise ReceiveError(f"miles_p2p_src must be a source rank (an integer >= 0), got {src!r}")
+        if src is not None and body.get("load_format") != FLAT:
+            raise ReceiveError(f"miles_p2p_src needs load_format {FLAT!r}: a p2p bucket is one flat buffer")
         if not (len(names) == len(dtype_names) == len(shapes)) or not names:
             raise ReceiveError(f"names, dtypes and shapes must be non-empty lists of one length "
                                f"(got {len(names)}, {len(dtype_names)}, {len(shapes)})")
@@ -132,7 +145,7 @@ class DistributedReceiver:
         raw_version = body.get("weight_version")
         commit = bool(body.get("miles_commit", True))
         async with group.lock:
-            received = await dist.in_daemon_thread(self._receive, group, dtypes, shapes, load_format == FLAT)
+            received = await dist.in_daemon_thread(self._receive, group, dtypes, shapes, load_format == FLAT, src)
             key = (group.name, None if raw_version is None else str(raw_version), body.get("miles_push_id"))
             if self._staged_for not in (None, key):
                 log.warning("discarding %d staged tensors of an unfinished push %s", len(self._staged),
@@ -147,6 +160,25 @@ class DistributedReceiver:
             if not commit:
                 self._staged_for = key
                 return f"Staged {len(names)} tensors ({len(self._staged)} in total).", None
+            staged, self._staged, self._staged_for = self._staged, {}, None
+        version = self.engine.weight_version if raw_version is None else int(str(raw_version))
+        async with self.update_lock:
+            new = await self.engine.update_weights(staged, version=version)
+        return f"Succeeded to update model weights ({len(staged)} tensors). Weight version updated to {new}.", new
+
+    async def _commit_staged(self, body: dict[str, Any]) -> tuple[str, int | None]:
+        """``miles_commit_only``: load what the push's buckets staged (the p2p transport commits
+        every engine only once every engine has received all of its buckets)."""
+        name = _field(body, "group_name", str, "weight_update_group")
+        raw_version = body.get("weight_version")
+        key = (name, None if raw_version is None else str(raw_version), body.get("miles_push_id"))
+        group = self.groups.get(name)
+        lock = group.lock if group is not None else asyncio.Lock()
+        async with lock:
+            if self._staged_for != key or not self._staged:
+                self._staged, self._staged_for = {}, None
+                raise ReceiveError(f"nothing staged for push {key[2]!r} (version {key[1]}) in group {name!r}: "
+                                   f"its buckets never arrived or were discarded")
             staged, self._staged, self._staged_for = self._staged, {}, None
         version = self.engine.weight_version if raw_version is None else int(str(raw_version))
         async with self.update_lock:

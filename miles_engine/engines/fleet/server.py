@@ -15,7 +15,7 @@ from miles_engine.engines.fleet.kinds import FleetContext
 class ServerKind:
     in_process = False
     placeable = True
-    transports = ("broadcast", "disk_delta")
+    transports = ("broadcast", "disk_delta", "p2p")
 
     def __init__(self, options: ServerKindOptions) -> None:
         self.options = options

@@ -223,7 +223,7 @@ class HttpEngine:
                                               *, group_name: str = "weight_update_group",
                                               weight_version: int | None = None, load_format: str | None = None,
                                               commit: bool | None = None, push_id: str | None = None,
-                                              flush_cache: bool = True) -> None:
+                                              flush_cache: bool = True, p2p_src: int | None = None) -> None:
         """Receive one bucket broadcast by rank 0. Our server only: ``commit=False`` stages it,
         ``push_id`` names the push it belongs to (staged buckets of another push are discarded)."""
         body: dict[str, Any] = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name,
@@ -233,9 +233,18 @@ class HttpEngine:
             body["miles_commit"] = commit
         if push_id is not None:
             body["miles_push_id"] = push_id
+        if p2p_src is not None:  # the p2p transport: point to point from that group rank
+            body["miles_p2p_src"] = int(p2p_src)
         await self._weights_call("/update_weights_from_distributed", body)
         if weight_version is not None and commit is not False:
             self._version = int(weight_version)
+
+    async def commit_staged(self, *, group_name: str, weight_version: int, push_id: str) -> None:
+        """Load what the buckets of push ``push_id`` staged (our server; the p2p transport)."""
+        await self._weights_call("/update_weights_from_distributed", {
+            "miles_commit_only": True, "group_name": group_name, "weight_version": str(weight_version),
+            "miles_push_id": push_id})
+        self._version = int(weight_version)
 
     async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> None:
         await self._weights_call("/destroy_weights_update_group", {"group_name": group_name})

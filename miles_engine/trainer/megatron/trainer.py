@@ -27,7 +27,7 @@ from miles_engine.trainer.megatron.gpt import HFCausalLM, build_gpt, shape_of
 from miles_engine.trainer.megatron.pipeline import last_stage_metrics, reduce_tied_embedding_grads
 from miles_engine.trainer.models import ValueHead, build_causal_lm
 from miles_engine.trainer.optim import build_optimizer
-from miles_engine.trainer.optimizer_stream import all_resident
+from miles_engine.trainer.optimizer_stream import all_resident, stream_state
 from miles_engine.trainer.parallel import Local
 from miles_engine.trainer.torch_trainer import _DTYPES, TorchTrainer
 
@@ -174,7 +174,7 @@ class MegatronTrainer(TorchTrainer):
         self.optimizer, self.scheduler = build_optimizer(groups, cfg.optimizer, cfg.lr_schedule)
         self._sft_opt = None
         self.streams = {}  # trainer.optimizer_state=disk: each rank streams its shards' state
-        self._stream(self.optimizer, "rl")
+        stream_state(self, self.optimizer, "rl")
         self.weight_version = 0
         self.rl_steps = 0
         self.sft_steps = 0

@@ -150,6 +150,8 @@ class CheckedTransport:
     async def _check_engine(self, reader: EngineReader, export: Any) -> list[str]:
         meta = {m.name: m for m in reader.engine.weight_metadata()}
         names = export.names
+        if meta and getattr(self.inner, "partial_layouts", False):  # p2p: an engine holds what it declares
+            names = [n for n in names if _served(n, meta)]
         sums = await reader.digests(names)
         if sums is not None:
             want = await export.digests(engine_dtypes(export.specs, meta))
