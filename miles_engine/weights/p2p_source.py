@@ -4,7 +4,8 @@ rank's trainer first.
 
 Every rank gathers the full policy tensors (``trainer.full_tensors()``: an all-gather under
 FSDP2, so each rank holds a full copy and can be a source) and keeps them staged under the push's
-version; :func:`send` then writes the buckets the plan gave this rank to its targets, point to
+version (the newest two: an engine restarted while the next push is staged gets the one it
+missed); :func:`send` then writes the buckets the plan gave this rank to its targets, point to
 point, through two reusable staging buffers: a round's sends are in flight while the next round is
 packed, so memory stays two rounds of buckets however many engines there are. A failed write
 stops this rank's sends and is reported (target, tensor, why), never raised: the trainer stays up
@@ -19,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 _GROUPS: dict[str, tuple[Any, str]] = {}  # group name -> (this rank's handle in the weight-sync group, backend)
-_STAGED: dict[str, Any] = {"version": None, "tensors": {}}
+_STAGED: dict[int, dict[str, Any]] = {}  # version -> tensors: the newest two (a restart may want the one before)
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -68,15 +69,18 @@ def stage(trainer: Any, version: int) -> list[tuple[str, str, tuple[int, ...], i
     """Gather the full tensors on every rank and keep them for ``version``; their specs."""
     from miles_engine.weights.tensors import dtype_name
 
-    tensors = trainer.full_tensors()
-    _STAGED.update(version=version, tensors=tensors)
+    live = {getattr(p, "_local_tensor", p).data_ptr() for p in trainer.policy.parameters()}
+    tensors = {n: t.clone() if t.data_ptr() in live else t for n, t in trainer.full_tensors().items()}  # owned copies
+    _STAGED[version] = tensors
+    for old in sorted(_STAGED)[:-2]:
+        del _STAGED[old]
     return [(n, dtype_name(t.dtype), tuple(t.shape), t.numel() * t.element_size()) for n, t in tensors.items()]
 
 
 def _tensors(version: int) -> dict[str, Any]:
-    if _STAGED["version"] != version:
-        raise RuntimeError(f"this trainer rank staged version {_STAGED['version']}, not {version}")
-    return _STAGED["tensors"]
+    if version not in _STAGED:
+        raise RuntimeError(f"this trainer rank holds versions {sorted(_STAGED)} of its exports, not {version}")
+    return _STAGED[version]
 
 
 def digests(trainer: Any, version: int, dtypes: Mapping[str, str]) -> dict[str, str]:

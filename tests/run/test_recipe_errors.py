@@ -68,7 +68,7 @@ def test_sandbox_backend_that_cannot_run_the_tasks(tmp_path):
 def test_impossible_engine_transport_pair_is_one_line_naming_both_keys():
     msg = load_error(["engines.0.kind=server"])  # weights.transport defaults to colocated
     assert "\n" not in msg and "weights.transport='colocated'" in msg and "engines.0.kind='server'" in msg
-    assert "['broadcast', 'disk_delta']" in msg
+    assert "['broadcast', 'disk_delta', 'p2p']" in msg
     msg = load_error(["engines=[{kind: embedded}, {kind: server}]", "weights.transport=broadcast"])
     assert "engines.0.kind='embedded'" in msg and "['colocated', 'disk_delta']" in msg
 

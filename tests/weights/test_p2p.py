@@ -117,6 +117,9 @@ def test_two_ranks_write_to_two_and_three_engines_checked_equal(servers, trainer
                     sums = await e.weight_checksums()
                     assert all(sums[n] == d for n, d in want.items()) and await e.fetch_weight_version() == version
                 await transport.close()
+            _step(trainer, 9)
+            await P2PExport.stage(sources, 3)  # the next push staged: an engine restarted now wants version 2
+            assert digests(await export.fetch()) == want
     run(main(), 240)
 
 
