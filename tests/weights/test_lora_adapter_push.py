@@ -167,6 +167,13 @@ def test_adapters_over_broadcast_to_an_engine_process(tmp_path):
     t = trainer("adapters")
 
     async def main(url: str):
+        import httpx
+
+        async with httpx.AsyncClient(timeout=30) as http:  # bad requests: one clear refusal each
+            bad = await http.post(f"{url}/miles/lora_base", json={"names": "q_proj"})
+            assert bad.status_code == 400 and "a list of tensor names" in bad.json()["message"]
+            bad = await http.post(f"{url}/miles/lora_base", json={"names": ["model.nope.weight"]})
+            assert bad.status_code == 400 and "no tensor 'model.nope.weight'" in bad.json()["message"]
         e = await HttpEngine(url, name="engine-proc").connect()
         try:
             transport = create_transport("broadcast", e, bucket_bytes=16 << 10, backend="gloo", timeout_s=30,
