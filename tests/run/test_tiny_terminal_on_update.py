@@ -3,8 +3,8 @@ while episodes generate and the running requests go on with the new weights, KV 
 re-prefill, no retraction). Every token keeps the version that sampled it, so trajectories span
 versions (``buffer/taken/delta_gen``), the mismatch correction sees those tokens as stale, per
 token, and the run learns (the held-out bar of tests/run/learning.py). ``retract`` (the default)
-learns in test_tiny_terminal_e2e.py; ``wait`` and ``abort`` run a few steps here, every group
-accounted for. From the SFT weights of the shared ``warm_run``."""
+learns in test_tiny_terminal_e2e.py; ``abort`` learns here too, ``wait`` runs a few steps, every
+group accounted for. From the SFT weights of the shared ``warm_run``."""
 
 from __future__ import annotations
 
@@ -32,12 +32,22 @@ def test_in_place_partial_rollouts_learn(warm_run: Path, tmp_path: Path) -> None
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("mode", ["wait", "abort"])
-def test_wait_and_abort_run_with_every_group_accounted(warm_run: Path, tmp_path: Path, mode: str) -> None:
-    run = tmp_path / mode
-    train = rl_from_sft_weights(warm_run, run, 6, f"rollout.on_update={mode}",
-                                "run.checkpoint_every=6")
+def test_wait_runs_with_every_group_accounted(warm_run: Path, tmp_path: Path) -> None:
+    run = tmp_path / "wait"
+    train = rl_from_sft_weights(warm_run, run, 6, "rollout.on_update=wait", "run.checkpoint_every=6")
     assert all(r["engine/retracted"] == 0 for r in train)
-    if mode == "wait":  # a request finishes on the weights it started with: none is cut
-        assert all(r["engine/aborted"] == 0 for r in train)
+    assert all(r["engine/aborted"] == 0 for r in train)  # a request finishes on the weights it started with
+    assert_accounted(run, train)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_abort_learns_with_every_group_accounted(warm_run: Path, tmp_path: Path) -> None:
+    """A push cuts the running requests short (their episodes end as the engine's abort): the run
+    still learns to the held-out bar, and every group is trained once or accounted as dropped."""
+    run = tmp_path / "abort"
+    train = rl_from_sft_weights(warm_run, run, 30, "rollout.on_update=abort", "run.checkpoint_every=30")
+    assert_held_out_rise(run, train, " with rollout.on_update=abort")
+    assert all(r["engine/retracted"] == 0 for r in train)
+    assert sum(r["engine/aborted"] for r in train) > 0, "no push ever cut a running request"
     assert_accounted(run, train)
