@@ -19,6 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 FinishReason = Literal["stop", "length", "abort"]
 PauseMode = Literal["abort", "retract", "in_place", "wait"]
 PAUSE_MODES: tuple[PauseMode, ...] = ("abort", "retract", "in_place", "wait")
+# what a pause did to running requests: the counters engines keep (stats()) and servers report
+PAUSE_EFFECTS = ("retracted", "kept_in_place", "aborted")
 
 
 class SamplingParams(BaseModel):

@@ -22,7 +22,9 @@ supervised engine processes); it is itself a RolloutEngine.
 - **Metrics** per step (:meth:`metrics`): ``engines/<name>/{inflight, requests, output_tokens,
   tokens_per_s, failures, restarts, quarantined, weight_version}`` and the totals
   ``engines/{healthy, quarantined, restarts, requests, tokens_per_s}``; counts are since the
-  previous call, ``restarts`` is the engine's running total (SupervisedEngine.restarts).
+  previous call, ``restarts`` is the engine's running total (SupervisedEngine.restarts). Engines
+  that say what a push's pause did to their running requests (``pause_counts``: our servers) add
+  ``engines/<name>/{retracted, kept_in_place, aborted}`` and their totals.
 - **Fan-out**: pause / resume / update_weights go to every admitted engine; ``weight_version``
   is the minimum over admitted engines (they agree unless an update is in progress).
 """
@@ -41,6 +43,7 @@ from typing import Any
 
 from miles_engine.engines.errors import EngineUnavailable
 from miles_engine.engines.protocol import (
+    PAUSE_EFFECTS,
     GenerateRequest,
     GenerateResult,
     PauseMode,
@@ -73,6 +76,7 @@ class EngineSlot:
     output_tokens: int = 0
     failures: int = 0
     reported: tuple[int, int, int] = (0, 0, 0)  # (requests, output_tokens, failures) at the last metrics()
+    reported_pauses: dict[str, int] = field(default_factory=dict)  # the engine's pause_counts at the last metrics()
 
     @property
     def inflight_tokens(self) -> int:
@@ -336,6 +340,7 @@ class Router:
         self._metrics_at = now
         out: dict[str, float] = {}
         total_requests = total_tokens = total_restarts = 0
+        total_pauses: dict[str, float] = {}
         for s in self.slots:
             requests, tokens, failures = (a - b for a, b in zip((s.requests, s.output_tokens, s.failures),
                                                                  s.reported))
@@ -347,13 +352,21 @@ class Router:
                         f"{key}/failures": float(failures), f"{key}/restarts": float(restarts),
                         f"{key}/quarantined": 0.0 if s.healthy else 1.0,
                         f"{key}/weight_version": float(s.engine.weight_version)})
+            counts = dict(getattr(s.engine, "pause_counts", None) or {})
+            for what in PAUSE_EFFECTS:  # engines that report what pauses did (our servers, supervised)
+                if what in counts:
+                    n = float(counts[what] - s.reported_pauses.get(what, 0))
+                    out[f"{key}/{what}"] = n
+                    total_pauses[what] = total_pauses.get(what, 0.0) + n
+            s.reported_pauses = counts
             total_requests += requests
             total_tokens += tokens
             total_restarts += restarts
         healthy = len(self._admitted())
         out.update({f"{prefix}/healthy": float(healthy), f"{prefix}/quarantined": float(len(self.slots) - healthy),
                     f"{prefix}/restarts": float(total_restarts), f"{prefix}/requests": float(total_requests),
-                    f"{prefix}/tokens_per_s": total_tokens / elapsed})
+                    f"{prefix}/tokens_per_s": total_tokens / elapsed,
+                    **{f"{prefix}/{what}": n for what, n in total_pauses.items()}})
         return out
 
     def stats(self) -> list[dict[str, Any]]:

@@ -39,6 +39,7 @@ import logging
 import shutil
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,7 +48,12 @@ from miles_engine.engines.errors import EngineCrashLoop, EngineUnavailable
 from miles_engine.engines.http.client import HttpEngine
 from miles_engine.engines.http.tensors import untied_cpu
 from miles_engine.engines.launch import ServerProcess
-from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TensorMeta
+from miles_engine.engines.protocol import (
+    GenerateRequest,
+    GenerateResult,
+    PauseMode,
+    TensorMeta,
+)
 from miles_engine.engines.supervised_sync import WeightSyncDelegation
 
 log = logging.getLogger(__name__)
@@ -81,6 +87,7 @@ class SupervisedEngine(WeightSyncDelegation):
         self.client_factory = client_factory  # the server's API: ours / SGLang's (HttpEngine), vLLM's (VllmEngine)
         self.client: HttpEngine | None = None
         self.restarts = 0  # successful restarts
+        self.pause_counts: Counter[str] = Counter()  # what pauses did to running requests, over every process
         self.backoffs: list[float] = []  # every backoff slept, for tests and metrics
         self._crashes = 0  # consecutive failures
         self._up_since = 0.0
@@ -292,7 +299,10 @@ class SupervisedEngine(WeightSyncDelegation):
 
     async def pause(self, mode: PauseMode = "retract") -> None:
         self._paused = mode
-        await (await self._live()).pause(mode)
+        client = await self._live()
+        before = Counter(getattr(client, "pause_counts", {}))
+        await client.pause(mode)
+        self.pause_counts.update(Counter(getattr(client, "pause_counts", {})) - before)
 
     async def resume(self) -> None:
         self._paused = None

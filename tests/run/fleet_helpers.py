@@ -109,3 +109,10 @@ def assert_accounted(run: Path, train: list[dict]) -> None:
     assert b["groups_put"] + b["groups_restored"] == b["groups_taken"] + b["groups_evicted"] + b["queue_size"], b
 
 
+
+
+def engine_pid(run: Path, name: str) -> int | None:
+    """The pid of engine ``name``'s server process of ``run``, or None when none runs."""
+    port_file = run / "engines" / name / "port"
+    out = subprocess.run(["pgrep", "-f", "--", f"--port-file {port_file}"], capture_output=True, text=True).stdout.split()
+    return int(out[0]) if out else None

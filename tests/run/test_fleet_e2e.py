@@ -16,13 +16,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.run.fleet_helpers import assert_accounted, assert_learns, resume_with, metric_rows
+from tests.run.fleet_helpers import assert_accounted, assert_learns, engine_pid, metric_rows, resume_with
 
 
 @pytest.mark.slow
@@ -40,7 +39,7 @@ def test_two_server_engines_learn_through_a_sigkill(warm_run: Path, tmp_path: Pa
         while time.monotonic() < deadline:
             metrics = run / "metrics.jsonl"
             rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
-            pid = _engine_pid(run, "server-0")
+            pid = engine_pid(run, "server-0")
             if pid is not None and any(r["kind"] == "train" and r["step"] >= 5 for r in rows):
                 os.kill(pid, signal.SIGKILL)
                 killed.append(pid)
@@ -56,7 +55,7 @@ def test_two_server_engines_learn_through_a_sigkill(warm_run: Path, tmp_path: Pa
     assert_accounted(run, train)
     assert_dedicated_eval(run, train)
     assert train[-1]["engines/server-0/restarts"] >= 1 and train[-1]["engines/restarts"] >= 1
-    assert _engine_pid(run, "server-0") is None  # nothing left running after the run
+    assert engine_pid(run, "server-0") is None  # nothing left running after the run
     # after the restart the engine got the current weights: every later push was checked tensor by tensor
     # (the replacement process may take a few steps to start on a loaded box: from its first push on,
     # every push reached both engines and was checked)
@@ -86,8 +85,3 @@ def assert_dedicated_eval(run: Path, train: list[dict]) -> None:
     assert (run / "eval" / "engines" / "eval-0").is_dir()  # the eval engine process's own state
     # that the held-out reward rose from step 1 to 30: assert_learns
 
-
-def _engine_pid(run: Path, name: str) -> int | None:
-    port_file = run / "engines" / name / "port"
-    out = subprocess.run(["pgrep", "-f", "--", f"--port-file {port_file}"], capture_output=True, text=True).stdout.split()
-    return int(out[0]) if out else None

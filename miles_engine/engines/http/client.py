@@ -17,15 +17,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import tempfile
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from miles_engine.engines.errors import EngineRefusedUpdate, EngineServerError, EngineUnavailable
+from miles_engine.engines.errors import (
+    EngineRefusedUpdate,
+    EngineServerError,
+    EngineUnavailable,
+)
 from miles_engine.engines.http import tensors, wire
-from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TensorMeta
+from miles_engine.engines.protocol import (
+    GenerateRequest,
+    GenerateResult,
+    PauseMode,
+    TensorMeta,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +66,7 @@ class HttpEngine:
         self._metadata: list[TensorMeta] = []
         self.server_info: dict[str, Any] = {}
         self.is_miles_server = False
+        self.pause_counts: Counter[str] = Counter()  # running totals of what pauses did (see pause)
 
     def __repr__(self) -> str:
         return f"HttpEngine({self.base_url!r})"
@@ -149,10 +160,17 @@ class HttpEngine:
         return result
 
     async def pause(self, mode: PauseMode = "retract") -> None:
+        """Pauses; what the pause did to running requests (our servers say: ``retracted``,
+        ``kept_in_place``, ``aborted``; others nothing) is added to :attr:`pause_counts`."""
         # wait: answered once the running requests have finished, as long as a generation may take
         kind = "generate" if mode == "wait" else "control"
-        self._raise_for(await self._call("POST", "/pause_generation", json={"mode": mode}, kind=kind),
-                        "pause_generation")
+        resp = await self._call("POST", "/pause_generation", json={"mode": mode}, kind=kind)
+        self._raise_for(resp, "pause_generation")
+        try:
+            said = resp.json().get("miles_pause") or {}
+        except (ValueError, AttributeError):  # real SGLang answers 200 with an empty body
+            said = {}
+        self.pause_counts.update({str(k): int(v) for k, v in said.items() if isinstance(v, int)})
 
     async def resume(self) -> None:
         self._raise_for(await self._call("POST", "/continue_generation", json={}), "continue_generation")

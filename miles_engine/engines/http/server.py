@@ -41,7 +41,13 @@ from miles_engine import __version__
 from miles_engine.engines.errors import EngineUnavailable
 from miles_engine.engines.http import scoring, tensors, wire
 from miles_engine.engines.http.wire import BadRequest, error_body
-from miles_engine.engines.protocol import PAUSE_MODES, GenerateRequest, RolloutEngine, SamplingParams
+from miles_engine.engines.protocol import (
+    PAUSE_EFFECTS,
+    PAUSE_MODES,
+    GenerateRequest,
+    RolloutEngine,
+    SamplingParams,
+)
 from miles_engine.errors import MilesError
 from miles_engine.fastapi_app import new_fastapi_app
 
@@ -256,13 +262,16 @@ def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_en
         return await _update(named, body)
 
     @app.post("/pause_generation")
-    async def pause_generation(request: Request) -> dict[str, str]:
+    async def pause_generation(request: Request) -> dict[str, Any]:
         mode = (await _json(request, required=False)).get("mode", "abort")
         if mode not in PAUSE_MODES:
             raise BadRequest(f"Invalid mode: {mode!r}. Expected one of {list(PAUSE_MODES)}.")
+        before = _pause_counters(engine)
         await engine.pause(mode)
         state["paused"] = True
-        return {"message": "Generation paused successfully.", "status": "ok"}
+        after = _pause_counters(engine)
+        return {"message": "Generation paused successfully.", "status": "ok",
+                "miles_pause": {k: after[k] - before.get(k, 0) for k in after}}
 
     @app.post("/continue_generation")
     async def continue_generation(request: Request) -> dict[str, str]:
@@ -287,3 +296,10 @@ def create_app(engine: RolloutEngine, *, model_path: str | None = None, close_en
     for add_routes in routes:
         add_routes(app, engine, weights_lock, _json)
     return app
+
+
+def _pause_counters(engine: Any) -> dict[str, int]:
+    """The engine's running totals of requests a pause retracted, kept or aborted (an engine without
+    ``stats()`` reports none)."""
+    stats = engine.stats() if callable(getattr(engine, "stats", None)) else {}
+    return {k: int(stats[k]) for k in PAUSE_EFFECTS if isinstance(stats, dict) and k in stats}

@@ -284,3 +284,32 @@ def test_pause_wait_over_http_lets_the_running_request_finish_on_the_old_weights
         await eng.aclose()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("mode, effect", [("in_place", "kept_in_place"), ("retract", "retracted"), ("abort", "aborted")])
+def test_a_pause_over_http_says_what_it_did_to_running_requests(mode: str, effect: str) -> None:
+    """Our server answers a pause with what it did (``miles_pause``); the client and a router in front of
+    it count it, so a run on server engines logs ``engines/<name>/kept_in_place`` like an embedded one."""
+    from miles_engine.engines.router import Router
+    from tests.engines.embedded.helpers import engine, greedy, prompt, req, wait_for_tokens
+
+    async def main() -> None:
+        eng = engine()
+        client = HttpEngine("http://srv", name="srv", transport=httpx.ASGITransport(app=create_engine_app(eng)))
+        await client.connect()
+        router = Router({"srv": client})
+        router.metrics()
+        tasks = [asyncio.create_task(client.generate(req(prompt(6, i), greedy(80)))) for i in range(2)]
+        await wait_for_tokens(eng, 4)
+        await router.pause(mode)
+        assert client.pause_counts == {**{k: 0 for k in ("retracted", "kept_in_place", "aborted")}, effect: 2}
+        await router.resume()
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 60)
+        assert [r.finish_reason for r in results] == ["abort" if mode == "abort" else "length"] * 2
+        figures = router.metrics()
+        assert figures[f"engines/srv/{effect}"] == 2 and figures[f"engines/{effect}"] == 2
+        assert router.metrics()[f"engines/srv/{effect}"] == 0  # counted once
+        await client.aclose()
+        await eng.aclose()
+
+    asyncio.run(main())
