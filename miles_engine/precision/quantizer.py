@@ -158,8 +158,17 @@ def _int4(m: torch.Tensor, f: QuantFormat) -> tuple[torch.Tensor, torch.Tensor]:
 def kv_fp8(x: torch.Tensor) -> torch.Tensor:
     """The FP8 KV cache's values of ``x`` (in ``x``'s dtype): E4M3 with a float32 scale per vector
     along the last dimension (one token of one head), ``amax / 448``; special values as the formats'."""
+    return kv_fp8_decode(*kv_fp8_encode(x), x.dtype)
+
+
+def kv_fp8_encode(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(uint8 E4M3 codes shaped like ``x``, float32 scales ``[..., 1]``) of the FP8 KV cache."""
     v = x.detach().float()
     amax, special = _block_amax(v)
     scale = torch.where(amax > 0, amax / el.E4M3_MAX, torch.ones_like(amax)).masked_fill(special, float("nan"))
     scale = scale.unsqueeze(-1)
-    return (el.e4m3_decode(el.e4m3_encode(v / scale)) * scale).to(x.dtype)
+    return el.e4m3_encode(v / scale), scale
+
+
+def kv_fp8_decode(codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return (el.e4m3_decode(codes) * scale).to(dtype)

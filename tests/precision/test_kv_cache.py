@@ -64,3 +64,64 @@ def test_generation_prompt_cache_and_scoring_read_the_same_fp8_values():
 def test_an_unknown_kv_format_is_one_error():
     with pytest.raises(Exception, match="kv_cache"):
         EmbeddedEngine.from_model(dict(TINY), kv_cache="fp4")
+
+
+def test_the_fp8_cache_holds_codes_and_scales_and_attention_reads_their_values():
+    """Stored: a vector's E4M3 codes then its float32 scale's bytes (``head_dim + 4`` bytes, not
+    ``4 * head_dim``); read: exactly kv_fp8's values; a row copied out (the session and prompt
+    caches) and loaded back reads the same."""
+    from miles_engine.engines.embedded.kv_cache import RaggedKV
+    from miles_engine.engines.embedded.kv_codec import FP8KVCodec
+
+    g = torch.Generator().manual_seed(0)
+    key = torch.randn(3, 2, 5, 16, generator=g) * torch.exp(torch.randn(3, 2, 5, 1, generator=g) * 3)
+    value = torch.randn(3, 2, 5, 16, generator=g)
+    key[0, 0, 0, 3], key[1, 1, 2] = math.nan, 0.0
+
+    def fill(cache: RaggedKV) -> tuple[torch.Tensor, torch.Tensor]:
+        cache.load_prefix([None] * 3)
+        cache.begin_forward(torch.ones(3, 5, dtype=torch.bool), torch.arange(5).expand(3, 5))
+        out = cache.layers[0].update(key, value)
+        cache.end_forward()
+        return out
+
+    packed = RaggedKV(1, device="cpu", dtype=torch.float32, kv_codec=FP8KVCodec())
+    plain = RaggedKV(1, device="cpu", dtype=torch.float32)
+    keys, values = fill(packed)
+    fill(plain)
+    torch.testing.assert_close(keys, kv_fp8(key), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(values, kv_fp8(value), rtol=0, atol=0, equal_nan=True)
+    assert packed.k[0].dtype == torch.uint8 and packed.k[0].shape[-1] == 16 + 4
+    assert packed.nbytes() * 4 * 16 == plain.nbytes() * (16 + 4)
+
+    ks, vs, _ = packed.row_tokens(2)
+    again = RaggedKV(1, device="cpu", dtype=torch.float32, kv_codec=FP8KVCodec())
+    again.load_prefix([(ks, vs)])
+    again.begin_forward(torch.ones(1, 1, dtype=torch.bool), torch.tensor([[5]]))
+    k2, v2 = again.layers[0].update(key[2:, :, :1], value[2:, :, :1])
+    torch.testing.assert_close(k2[0, :, :5], kv_fp8(key[2]), rtol=0, atol=0)
+    torch.testing.assert_close(v2[0, :, 5:], kv_fp8(value[2:, :, :1])[0], rtol=0, atol=0)
+
+
+def test_an_fp8_engine_holds_a_kv_vector_in_head_dim_plus_4_bytes():
+    model = build_causal_lm(TINY, torch.device("cpu"), 0)
+    head_dim = TINY["head_dim"]
+    prompts = [torch.randint(0, TINY["vocab_size"], (24,), generator=torch.Generator().manual_seed(s)).tolist()
+               for s in range(4)]
+
+    async def main():
+        fp8 = EmbeddedEngine.from_model(model, kv_cache="fp8")
+        full = EmbeddedEngine.from_model(model)
+        try:
+            for engine in (fp8, full):
+                await asyncio.gather(*(_greedy(engine, p) for p in prompts))
+            def bytes_per_vector(engine: EmbeddedEngine) -> float:
+                batch = engine._runner.batch  # its geometry depends on how requests met: per vector held
+                vectors = 2 * TINY["num_hidden_layers"] * TINY["num_key_value_heads"] * batch.row_cap * batch.col_cap
+                return engine.stats()["kv_batch_bytes"] / vectors
+
+            assert bytes_per_vector(fp8) == head_dim + 4 and bytes_per_vector(full) == 4 * head_dim
+        finally:
+            await fp8.aclose()
+            await full.aclose()
+    asyncio.run(main())

@@ -43,6 +43,7 @@ from miles_engine.engines.embedded import weights as W
 from miles_engine.engines.embedded.draft import DraftWeights, load_draft, use_packed_gqa
 from miles_engine.engines.embedded.adapter_bases import AdapterBases, Update
 from miles_engine.engines.embedded.held_format import HeldFormat
+from miles_engine.engines.embedded.kv_codec import FP8KVCodec
 from miles_engine.precision.quantizer import kv_fp8
 from miles_engine.engines.embedded.options import EmbeddedEngineOptions
 from miles_engine.engines.embedded.prompt_scoring import score_prompt
@@ -113,7 +114,7 @@ class EmbeddedEngine:
         pad = getattr(config, "pad_token_id", None)
         pad = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else 0
         self._kv_quant = kv_fp8 if self.options.kv_cache == "fp8" else None
-        self._runner = ModelRunner(model, pad_token_id=pad, kv_quant=self._kv_quant)
+        self._runner = ModelRunner(model, pad_token_id=pad, kv_codec=FP8KVCodec() if self._kv_quant else None)
         self._tensors = W.model_tensors(model)
         self._held = HeldFormat(model, self.options.weight_format, self.options.weight_exceptions)
         W.apply(self._held.snap({n: self._tensors[n] for n in self._held.names}), self._tensors)

@@ -10,11 +10,14 @@ attends over views of the window; :meth:`attention_mask` builds the matching 4-D
 (key valid, causal in column order, every query may see itself so pad rows stay finite).
 New rows join right-aligned at ``t1``; the window grows left into headroom, and the buffer is
 reallocated (compacted, with room to spare) only when it runs out of rows or columns.
+With a ``kv_codec`` (the FP8 KV cache: :mod:`~miles_engine.engines.embedded.kv_codec`) the
+buffers hold each vector encoded and attention gets the window decoded; everything else here
+moves encoded columns as they are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Protocol
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -46,13 +49,18 @@ class _Layer(CacheLayerMixin):
         return -1
 
 
+class KVCodec(Protocol):
+    def pack(self, x: torch.Tensor) -> torch.Tensor: ...  # noqa: E704 - [..., d] -> [..., stored]
+    def unpack(self, stored: torch.Tensor, dtype: torch.dtype) -> torch.Tensor: ...  # noqa: E704
+
+
 class RaggedKV(Cache):
     def __init__(self, num_layers: int, *, device: torch.device | str, dtype: torch.dtype,
-                 kv_quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
-        """``kv_quant``: the values keys and values are stored (and attended) as, e.g. the FP8 KV
-        cache's (:func:`miles_engine.precision.quantizer.kv_fp8`); None: as computed."""
+                 kv_codec: KVCodec | None = None) -> None:
+        """``kv_codec``: how keys and values are stored (attention reads them decoded), e.g. the
+        FP8 KV cache's; None: as computed, in ``dtype``."""
         super().__init__(layers=[_Layer(self, i) for i in range(num_layers)])
-        self.kv_quant = kv_quant
+        self.kv_codec = kv_codec
         self.num_layers, self.device, self.dtype = num_layers, torch.device(device), dtype
         self.k: list[torch.Tensor | None] = [None] * num_layers
         self.v: list[torch.Tensor | None] = [None] * num_layers
@@ -118,14 +126,18 @@ class RaggedKV(Cache):
         q = key.shape[2]
         if q != self._pending or key.shape[0] != self.rows:
             raise RuntimeError(f"ragged KV: forward of {key.shape[0]}x{q} tokens, expected {self.rows}x{self._pending}")
-        if self.kv_quant is not None:
-            key, value = self.kv_quant(key), self.kv_quant(value)
+        codec = self.kv_codec
+        if codec is not None:
+            key, value = codec.pack(key), codec.pack(value)
         if self.k[i] is None:
             self._alloc_layer(i, key, value)
         kb, vb = self.k[i], self.v[i]
         kb[: self.rows, :, self.t1 : self.t1 + q] = key
         vb[: self.rows, :, self.t1 : self.t1 + q] = value
-        return kb[: self.rows, :, self.t0 : self.t1 + q], vb[: self.rows, :, self.t0 : self.t1 + q]
+        keys, values = kb[: self.rows, :, self.t0 : self.t1 + q], vb[: self.rows, :, self.t0 : self.t1 + q]
+        if codec is None:
+            return keys, values
+        return codec.unpack(keys, self.dtype), codec.unpack(values, self.dtype)
 
     def end_forward(self) -> None:
         self.t1 += self._pending

@@ -8,13 +8,12 @@ through untouched), and ask for the last position's logits only (``logits_to_kee
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from miles_engine.engines.embedded.kv_cache import RaggedKV
+from miles_engine.engines.embedded.kv_cache import KVCodec, RaggedKV
 from miles_engine.engines.embedded.moe import RouterCapture
 from miles_engine.engines.embedded.sessions import SessionHit
 
@@ -28,9 +27,9 @@ class PrefillItem:
 
 class ModelRunner:
     def __init__(self, model: Any, *, pad_token_id: int = 0,
-                 kv_quant: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 kv_codec: KVCodec | None = None) -> None:
         self.model = model
-        self.kv_quant = kv_quant
+        self.kv_codec = kv_codec
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         config = model.config
@@ -51,7 +50,7 @@ class ModelRunner:
         self.keep_arg = "logits_to_keep" in params
         self.cache_arg = "cache" if "cache" in params else "past_key_values"
         self.pad_token_id = pad_token_id
-        self.batch = RaggedKV(self.num_layers, device=self.device, dtype=self.dtype, kv_quant=kv_quant)
+        self.batch = RaggedKV(self.num_layers, device=self.device, dtype=self.dtype, kv_codec=kv_codec)
 
     def _mask(self, cache: RaggedKV, q: int) -> Any:
         full = cache.attention_mask(q, float_dtype=self.float_mask)
@@ -87,7 +86,7 @@ class ModelRunner:
         new tokens ([len(tokens), layers, top_k] or None) and the filled cache."""
         n = len(items)
         s_max = max(len(it.tokens) for it in items)
-        cache = RaggedKV(self.num_layers, device=self.device, dtype=self.dtype, kv_quant=self.kv_quant)
+        cache = RaggedKV(self.num_layers, device=self.device, dtype=self.dtype, kv_codec=self.kv_codec)
         cache.load_prefix([(it.hit.keys, it.hit.values) if it.hit else None for it in items])
         ids = torch.full((n, s_max), self.pad_token_id, dtype=torch.long)
         pos = torch.zeros((n, s_max), dtype=torch.long)
