@@ -90,7 +90,7 @@ class VllmKind:
         o = self.options
         argv = [o.python_path(), str(LAUNCH), "--model", model, "--served-model-name", "policy",
                 "--skip-tokenizer-init", "--dtype", group.dtype, "--seed", str(ctx.seed + index),
-                "--logprobs-mode", "processed_logprobs", "--worker-extension-cls", WORKER_EXTENSION,
+                "--logprobs-mode", logprobs_mode(o), "--worker-extension-cls", WORKER_EXTENSION,
                 "--weight-transfer-config", json.dumps({"backend": "miles"}),
                 "--tensor-parallel-size", str(o.tensor_parallel_size),
                 "--pipeline-parallel-size", str(o.pipeline_parallel_size),
@@ -147,8 +147,18 @@ class VllmKind:
                 env=self.environment(group, ctx, i), start_timeout_s=o.start_timeout_s,
                 max_restarts=o.max_restarts, health_interval_s=o.health_interval_s,
                 max_request_retries=o.max_request_retries, restore=ctx.restore, client_factory=VllmEngine,
-                client_kwargs={"per_request_seeds": group.device.startswith("cuda")}))
+                client_kwargs={"per_request_seeds": group.device.startswith("cuda"),
+                               "raw_logprobs": logprobs_mode(o) == "raw_logprobs"}))
         for engine in engines:
             stack.push_async_callback(engine.aclose)
         await asyncio.gather(*(e.start() for e in engines))
         return engines
+
+
+def logprobs_mode(options: VllmKindOptions) -> str:
+    """vLLM's log-probs after temperature / top-p / top-k (what the protocol records), except under
+    speculation: vLLM 0.32's rejection sampler returns NaN for some accepted tokens in that mode
+    (measured on its CPU build: 8 of 240 tokens at T = 1 with n-gram proposals; its raw mode had
+    none), so speculative servers record raw log-probs -- the same values at temperature 0 or 1
+    without top-p / top-k, which the client then requires (:class:`~miles_engine.engines.vllm.client.VllmEngine`)."""
+    return "raw_logprobs" if options.speculative is not None else "processed_logprobs"

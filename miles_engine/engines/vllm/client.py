@@ -33,6 +33,7 @@ from miles_engine.engines.errors import EngineRefusedUpdate, EngineServerError
 from miles_engine.engines.http.client import HttpEngine
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TensorMeta
 from miles_engine.engines.vllm.options import WORKER_EXTENSION
+from miles_engine.errors import EngineRequestError
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 _PAUSE = {"abort": "abort", "retract": "abort", "in_place": "keep", "wait": "wait"}
@@ -47,8 +48,12 @@ def parse_version(raw: Any) -> int:
 
 
 class VllmEngine(HttpEngine):
-    def __init__(self, base_url: str, *, per_request_seeds: bool = True, **kwargs: Any) -> None:
+    def __init__(self, base_url: str, *, per_request_seeds: bool = True, raw_logprobs: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(base_url, **kwargs)
+        # the server records raw log-probs (a speculative one: fleet.vllm_kind.logprobs_mode): they are the
+        # sampling distribution's only at temperature 0 or 1 without top-p / top-k, so other requests are refused
+        self.raw_logprobs = raw_logprobs
         # vLLM 0.32's CPU worker crashes its engine core (``CPU Generator does not use offset``) when a
         # seeded request shares a step with a partly prefilled one: the kind turns seeds off on CPU
         self.per_request_seeds = per_request_seeds
@@ -112,6 +117,13 @@ class VllmEngine(HttpEngine):
     # ------------------------------------------------------------------ generation
     def _body(self, request: GenerateRequest, prompt: list[int], max_tokens: int, wire_id: str) -> dict[str, Any]:
         s = request.sampling
+        if self.raw_logprobs and request.return_logprob and not (
+                s.temperature in (0.0, 1.0) and s.top_p == 1.0 and s.top_k == -1):
+            raise EngineRequestError(
+                f"{self.name}: this vLLM server speculates (options.speculative) and so records raw log-probs, which "
+                f"are the sampling distribution's only at temperature 0 or 1 without top_p / top_k; this request "
+                f"asks temperature={s.temperature}, top_p={s.top_p}, top_k={s.top_k}. Sample at temperature 1 (or 0), "
+                f"or turn speculation off (vLLM 0.32 returns NaN log-probs under speculation otherwise)")
         body: dict[str, Any] = {
             "model": self.model_id, "prompt": prompt, "max_tokens": max_tokens, "temperature": s.temperature,
             "top_p": s.top_p, "top_k": s.top_k, "stop_token_ids": list(s.stop_token_ids), "ignore_eos": True,
