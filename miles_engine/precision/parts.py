@@ -46,9 +46,10 @@ def to_parts(name: str, tensor: Any, fmt: str) -> list[tuple[str, Any]]:
     return [(f"{name}{SEPARATOR}{part}", t) for part, t in quantize(tensor, fmt, name).parts().items()]
 
 
-def join(name: str, shape: tuple[int, ...], fmt: str, parts: Mapping[str, Any], dtype: Any) -> Any:
-    """The weight's values (``dtype``) from its parts, each checked against :func:`part_specs`."""
-    from miles_engine.precision.quantizer import Quantized, dequantize
+def quantized_from_parts(name: str, shape: tuple[int, ...], fmt: str, parts: Mapping[str, Any]) -> Any:
+    """Weight ``name``'s :class:`~miles_engine.precision.quantizer.Quantized` from its parts, each
+    checked against :func:`part_specs` (ValueError naming the part otherwise)."""
+    from miles_engine.precision.quantizer import Quantized
 
     specs = part_specs(name, shape, fmt)
     for part, (want_dtype, want_shape) in specs.items():
@@ -58,6 +59,12 @@ def join(name: str, shape: tuple[int, ...], fmt: str, parts: Mapping[str, Any], 
         got = str(t.dtype).removeprefix("torch.")
         if got != want_dtype or tuple(t.shape) != want_shape:
             raise ValueError(f"{part!r}: {got} {tuple(t.shape)}, {fmt} of {shape} needs {want_dtype} {want_shape}")
-    q = Quantized(fmt, tuple(shape), parts[f"{name}{SEPARATOR}codes"], parts[f"{name}{SEPARATOR}scales"],
-                  parts.get(f"{name}{SEPARATOR}tensor_scale"))
-    return dequantize(q, dtype)
+    return Quantized(fmt, tuple(shape), parts[f"{name}{SEPARATOR}codes"], parts[f"{name}{SEPARATOR}scales"],
+                     parts.get(f"{name}{SEPARATOR}tensor_scale"))
+
+
+def join(name: str, shape: tuple[int, ...], fmt: str, parts: Mapping[str, Any], dtype: Any) -> Any:
+    """The weight's values (``dtype``) from its parts (:func:`quantized_from_parts`)."""
+    from miles_engine.precision.quantizer import dequantize
+
+    return dequantize(quantized_from_parts(name, shape, fmt, parts), dtype)

@@ -115,10 +115,11 @@ class EmbeddedEngine:
         pad = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else 0
         self._kv_quant = kv_fp8 if self.options.kv_cache == "fp8" else None
         self._runner = ModelRunner(model, pad_token_id=pad, kv_codec=FP8KVCodec() if self._kv_quant else None)
-        self._tensors = W.model_tensors(model)
         self._held = HeldFormat(model, self.options.weight_format, self.options.weight_exceptions)
-        W.apply(self._held.snap({n: self._tensors[n] for n in self._held.names}), self._tensors)
+        self._tensors = {**W.model_tensors(model), **self._held.handles}
         self._meta = W.metadata(self._tensors, self._held.formats())
+        self._weight_bytes = self._held.nbytes() + sum(t.numel() * t.element_size() for t in {
+            id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
         self._adapters = AdapterBases()
         self._seeds = itertools.count()
         self._closed = False
@@ -198,7 +199,8 @@ class EmbeddedEngine:
             c["spec_method"] = self.options.speculative.method
             c["spec_draft_updates"] = self._draft.updates
         c.update(running=len(s.running), waiting=len(s.waiting), paused=s.paused, weight_version=s.version,
-                 busy_s=s.busy_s, decode_s=s.decode_s, kv_batch_bytes=self._runner.batch.nbytes())
+                 busy_s=s.busy_s, decode_s=s.decode_s, kv_batch_bytes=self._runner.batch.nbytes(),
+                 weight_bytes=self._weight_bytes)
         if c["decode_tokens"] and s.decode_s > 0:
             c["decode_tokens_per_s"] = c["decode_tokens"] / s.decode_s
         return c

@@ -1,0 +1,80 @@
+"""Quantised weights held in their format: an ``nn.Linear`` whose weight the rollout format applies
+to keeps the quantizer's codes and scales (:class:`~miles_engine.precision.quantizer.Quantized`)
+instead of a full-precision parameter, and decodes them on each forward -- so the engine's weight
+memory is the format's (an fp8 weight takes a quarter of float32's bytes plus its scales) and it
+computes with exactly the values the quantizer defines (dequantise, then the float GEMM).
+
+The module keeps its name and its ``state_dict()`` (``weight`` is the decoded values), so metadata,
+checksums and weight checks read what they read before. Updates go through :class:`HeldWeight`:
+``copy_`` of full-precision values quantises them (once, on the engine), codes and scales joined
+from an update's parts are stored as they came (the trainer quantised them; no second rounding).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from miles_engine.precision.quantizer import Quantized, dequantize, quantize
+
+
+class HeldWeight:
+    """The engine's handle on one held weight: shape and dtype as the full-precision one had."""
+
+    def __init__(self, module: nn.Linear, name: str, fmt: str) -> None:
+        weight = module.weight
+        self.name, self.format = name, fmt
+        self.shape, self.dtype, self.device = weight.shape, weight.dtype, weight.device
+        self.quantized = quantize(weight.detach(), fmt, name)
+        del module.weight  # the full-precision parameter goes; the module decodes ours instead
+        module.__class__ = _held_class(type(module))
+        module._held = self  # type: ignore[assignment]
+
+    def values(self) -> torch.Tensor:
+        return dequantize(self.quantized, self.dtype)
+
+    def copy_(self, value: torch.Tensor | Quantized) -> HeldWeight:
+        """New contents: codes and scales as given, or full-precision values quantised here."""
+        if isinstance(value, Quantized):
+            if value.format != self.format or tuple(value.shape) != tuple(self.shape):
+                raise ValueError(f"{self.name}: {value.format} {value.shape} into {self.format} {tuple(self.shape)}")
+            self.quantized = value
+        else:
+            self.quantized = quantize(value.to(self.dtype), self.format, self.name)
+        return self
+
+    def detach(self) -> torch.Tensor:
+        return self.values()
+
+    @property
+    def nbytes(self) -> int:
+        return self.quantized.nbytes
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _held_class(base: type) -> type:
+    """``base`` (nn.Linear or a subclass) whose ``weight`` is decoded from its :class:`HeldWeight`."""
+    if base not in _CLASSES:
+        def weight(self: Any) -> torch.Tensor:
+            return self._held.values()
+
+        def save(self: Any, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
+            destination[prefix + "weight"] = self._held.values()  # first, where the parameter was
+            base._save_to_state_dict(self, destination, prefix, keep_vars)
+
+        _CLASSES[base] = type(f"Held{base.__name__}", (base,), {"weight": property(weight),
+                                                               "_save_to_state_dict": save})
+    return _CLASSES[base]
+
+
+def hold(modules: dict[str, nn.Linear], fmt: str) -> dict[str, HeldWeight]:
+    """Hold each ``{weight name: its nn.Linear}`` in ``fmt``; the handles by weight name."""
+    return {name: HeldWeight(module, name, fmt) for name, module in modules.items()}
+
+
+def held_bytes(handles: dict[str, HeldWeight]) -> int:
+    return sum(h.nbytes for h in handles.values())
