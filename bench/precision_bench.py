@@ -7,13 +7,16 @@ Per format (full, fp8, mxfp8, nvfp4, int4):
 
 - bytes per weight update: what the online export ships to an engine holding that format (codes +
   scales of every quantised weight, the rest in the engine's float32), against float32 and bf16;
-- (the same bytes are what a checkpoint written by ``miles convert`` takes) and what the embedded
-  engine holds today: it computes with the quantizer's values in float32, so its
-  memory does not shrink yet (said, not hidden);
+- (the same bytes are what a checkpoint written by ``miles convert`` takes) and the embedded
+  engine's weight memory (``stats()["weight_bytes"]``: held weights as codes + scales, the rest
+  in float32);
 - trainer-side quantisation time of one update (the export's cost, once per push);
 - the log-prob gap to full precision on the same sampled tokens: tokens sampled at T=1 from the
   full-precision engine, scored by each format's engine (mean and max |delta log p|); ``fp8+kv``:
   FP8 weights and the FP8 KV cache ("FP8 serve");
+- decode tokens/s of each engine (8 rows x 64 tokens, greedy): a held weight is decoded at every
+  forward, then the float32 GEMM runs (dequantise-then-float); and the KV cache's bytes per token
+  (``fp8+kv``: E4M3 codes + a float32 scale per token and head);
 - matmul throughput at SmolLM2's MLP shape on this CPU: float32 with the dequantised weight (what
   the engine does) against ``torch._scaled_mm`` FP8 x FP8 with row-wise scales (an FP8 GEMM: W8A8,
   a different scheme than the weight-only contract, shown for the speed it would buy).
@@ -72,6 +75,15 @@ async def scored(engine: EmbeddedEngine, rows: list[tuple[list[int], int]]) -> t
     return torch.tensor(out, dtype=torch.float64)
 
 
+async def decode_rate(engine: EmbeddedEngine) -> float:
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(100, 40000, (24,), generator=g).tolist() for _ in range(8)]
+    t0 = time.perf_counter()
+    results = await asyncio.gather(*(engine.generate(GenerateRequest(p, SamplingParams(
+        temperature=0.0, max_new_tokens=64))) for p in prompts))
+    return sum(len(r.output_ids) for r in results) / (time.perf_counter() - t0)
+
+
 def gemm_rates(weight: torch.Tensor, repeats: int) -> tuple[list[float], list[float]]:
     """GFLOP/s of x @ W.T for 64 tokens: float32 (dequantised W) and FP8 _scaled_mm (row-wise scales)."""
     x = torch.randn(64, weight.shape[1])
@@ -119,7 +131,7 @@ async def main(args: argparse.Namespace) -> None:
                 for n in names:
                     quantize(state[n], fmt, n)
                 times.append(time.perf_counter() - t0)
-            held = sum(t.numel() * t.element_size() for t in engines[fmt].model.state_dict().values())
+            held = engines[fmt].stats()["weight_bytes"]
             print(f"{fmt:7} {len(names):9d} {mib(update):>10} {update / fp32:7.3f} {update / (fp32 / 2):7.3f} "
                   f"{mib(held):>12} {spread(times) if names else '-':>28}")
 
@@ -130,6 +142,19 @@ async def main(args: argparse.Namespace) -> None:
         for fmt in (*FORMATS[1:], "fp8+kv"):
             gap = (await scored(engines[fmt], rows)) - reference
             print(f"{fmt:7} {gap.abs().mean():12.4f} {gap.abs().max():12.4f} {gap.mean():11.4f}")
+
+        rates: dict[str, list[float]] = {fmt: [] for fmt in engines}
+        for _ in range(args.repeats):
+            for fmt, engine in engines.items():
+                rates[fmt].append(await decode_rate(engine))
+        print(f"\ndecode, 8 rows x 64 tokens greedy, {args.threads} thread(s): tokens/s median [range] of {args.repeats}")
+        print(f"{'format':7} {'tokens/s':>26} {'vs full':>7} {'weights MiB':>11} {'KV bytes/token':>14}")
+        base = statistics.median(rates["full"])
+        for fmt, engine in engines.items():
+            batch = engine._runner.batch  # noqa: SLF001 - the cache's geometry: bytes per token held
+            per_token = engine.stats()["kv_batch_bytes"] / max(1, batch.row_cap * batch.col_cap)
+            print(f"{fmt:7} {spread(rates[fmt]):>26} {statistics.median(rates[fmt]) / base:7.2f} "
+                  f"{mib(engine.stats()['weight_bytes']):>11} {per_token:14.0f}")
 
         weight = state["model.layers.0.mlp.up_proj.weight"]
         full, fp8 = gemm_rates(weight, args.repeats)
