@@ -247,9 +247,7 @@ class TrainerConfig(Section):
                              ("lora.enabled", not self.lora.enabled, "the engine would quantise the merged W + BA, "
                               "the trainer W alone"),
                              ("true_on_policy", not self.true_on_policy, "batch-invariant kernels replace the "
-                              "linear layers the fake quantisation wraps"),
-                             ("parallel.world_size", self.parallel.world_size == 1, "sharded (FSDP) quantisation-"
-                              "aware training is not built yet")):
+                              "linear layers the fake quantisation wraps")):
             if not ok:
                 raise ValueError(f"weight_format={self.weight_format!r} (precision.train) does not work with "
                                  f"trainer.{key}={getattr_path(self, key)!r}: {why}")

@@ -55,6 +55,20 @@ def test_two_ranks_match_one_process_grpo_sft_checkpoint() -> None:
             multi.train_step(groups)
 
 
+def test_quantisation_aware_training_on_two_ranks_matches_one_process() -> None:
+    """FSDP2 unshards a block's weights for its forward, so each rank fake-quantises the whole weight,
+    exactly as one process does: the same QAT step (and not the plain one)."""
+    cfg = {"optimizer": {"lr": 1e-3}, "max_tokens_per_micro_batch": 40, "weight_format": "mxfp8",
+           "weight_exceptions": ["model.layers.1.mlp.*"]}
+    single, plain = TorchTrainer(TINY, cfg), TorchTrainer(TINY, {**cfg, "weight_format": "full"})
+    groups = random_groups(3, 4, seed=2, gaps=True)
+    with FSDPTrainer(TINY, cfg, world_size=2) as multi:
+        _same_metrics(single.train_step(groups), multi.train_step(groups))
+        plain.train_step(groups)
+        assert max_diff(params(single), params(multi)) < 2e-5
+        assert max_diff(params(single), params(plain)) > 1e-4  # the quantisation was in effect
+
+
 def test_two_ranks_match_one_process_ppo_minibatches_moe_replay() -> None:
     cfg = {"algorithm": {"advantage_estimator": "ppo", "normalize_advantages": True, "routing_replay": True},
            "minibatches": 2, "ppo_epochs": 2, "optimizer": {"lr": 1e-3}, "max_tokens_per_micro_batch": 30}
