@@ -82,3 +82,29 @@ def test_an_update_stores_parts_as_they_came_and_quantises_whole_tensors_once() 
         finally:
             await engine.aclose()
     asyncio.run(main())
+
+
+def test_weight_storage_values_keeps_the_decoded_values_and_the_same_numbers() -> None:
+    """``weight_storage: values``: decoded once per update (full memory, no decode per forward), the
+    same tokens and log-probs as codes storage."""
+    model = build_causal_lm(TINY, torch.device("cpu"), 0)
+    prompts = [torch.randint(0, TINY["vocab_size"], (12,), generator=torch.Generator().manual_seed(s)).tolist()
+               for s in range(3)]
+
+    async def main() -> None:
+        codes = EmbeddedEngine.from_model(model, weight_format="fp8")
+        values = EmbeddedEngine.from_model(model, weight_format="fp8", weight_storage="values")
+        try:
+            assert await _sample(codes, prompts) == await _sample(values, prompts)
+            assert values.stats()["weight_bytes"] > codes.stats()["weight_bytes"]
+            g = torch.Generator().manual_seed(5)
+            name = "model.layers.0.mlp.up_proj.weight"
+            new = torch.randn(model.state_dict()[name].shape, generator=g)
+            for engine in (codes, values):
+                await engine.update_weights(dict(to_parts(name, new, "fp8")))
+                assert torch.equal(engine.model.state_dict()[name], dequantize(quantize(new, "fp8")))
+            assert await _sample(codes, prompts) == await _sample(values, prompts)
+        finally:
+            await codes.aclose()
+            await values.aclose()
+    asyncio.run(main())

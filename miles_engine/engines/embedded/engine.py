@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,7 +40,7 @@ from pydantic import ValidationError
 
 from miles_engine.engines.embedded import weights as W
 from miles_engine.engines.embedded.draft import DraftWeights, load_draft, use_packed_gqa
-from miles_engine.engines.embedded.adapter_bases import AdapterBases, Update
+from miles_engine.engines.embedded.adapter_bases import AdapterBases
 from miles_engine.engines.embedded.held_format import HeldFormat
 from miles_engine.engines.embedded.kv_codec import FP8KVCodec
 from miles_engine.precision.quantizer import kv_fp8
@@ -51,10 +50,10 @@ from miles_engine.engines.embedded.runner import ModelRunner
 from miles_engine.engines.embedded.sampler import RowParams
 from miles_engine.engines.embedded.scheduler import Scheduler
 from miles_engine.engines.embedded.speculative import build_decoder
+from miles_engine.engines.embedded.updates import WeightUpdates, check_pause_mode
 from miles_engine.engines.embedded.sequence import Sequence
 from miles_engine.engines.errors import EngineUnavailable
 from miles_engine.engines.protocol import (
-    PAUSE_MODES,
     GenerateRequest,
     GenerateResult,
     PauseMode,
@@ -63,11 +62,6 @@ from miles_engine.engines.protocol import (
 )
 from miles_engine.errors import ConfigError, EngineRequestError
 from miles_engine.models.loading import load_model
-
-
-def _check_pause_mode(mode: str) -> None:
-    if mode not in PAUSE_MODES:
-        raise EngineRequestError(f"unknown pause mode {mode!r}; allowed: {', '.join(PAUSE_MODES)}")
 
 
 def _eos_ids(model: Any) -> frozenset[int]:
@@ -81,7 +75,7 @@ def _eos_ids(model: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-class EmbeddedEngine:
+class EmbeddedEngine(WeightUpdates):
     """In-process rollout engine over any transformers causal LM (CPU or GPU).
 
     Build it with :meth:`from_model`. The constructor takes a ready model as is (it becomes
@@ -115,11 +109,11 @@ class EmbeddedEngine:
         pad = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else 0
         self._kv_quant = kv_fp8 if self.options.kv_cache == "fp8" else None
         self._runner = ModelRunner(model, pad_token_id=pad, kv_codec=FP8KVCodec() if self._kv_quant else None)
-        self._held = HeldFormat(model, self.options.weight_format, self.options.weight_exceptions)
+        self._held = HeldFormat(model, self.options.weight_format, self.options.weight_exceptions,
+                                self.options.weight_storage)
         self._tensors = {**W.model_tensors(model), **self._held.handles}
         self._meta = W.metadata(self._tensors, self._held.formats())
-        self._weight_bytes = self._held.nbytes() + sum(t.numel() * t.element_size() for t in {
-            id(t): t for t in [*model.parameters(), *model.buffers()]}.values())
+        self._weight_bytes = self._held.nbytes(model)
         self._adapters = AdapterBases()
         self._seeds = itertools.count()
         self._closed = False
@@ -318,7 +312,7 @@ class EmbeddedEngine:
         re-prefilled (prompt + tokens so far) after :meth:`resume`; ``in_place``: they keep
         their KV and continue after :meth:`resume`; ``wait``: nothing new is admitted and this
         returns once the running requests have finished. New requests queue while paused."""
-        _check_pause_mode(mode)
+        check_pause_mode(mode)
         if mode != "wait":
             await self._call(lambda: self._sched.pause(mode))
             return
@@ -338,69 +332,6 @@ class EmbeddedEngine:
     async def abort(self, request_id: str) -> bool:
         """Finish a queued or running request with ``abort`` (partial output kept)."""
         return await self._call(lambda: self._sched.abort(request_id))
-
-    async def update_weights(self, weights: Mapping[str, Any] | Path | str, *, version: int | None = None) -> int:
-        """Load named tensors (a subset of :meth:`weight_metadata` names is fine) or every
-        ``*.safetensors`` file of a directory. Names, shapes and dtypes are all checked first;
-        a mismatch raises :class:`WeightUpdateError` and nothing changes. Tensors are copied in
-        between two forward passes; the version becomes ``version`` or the old one + 1, and the
-        session prefix cache is dropped. Returns the new version."""
-        if isinstance(weights, (str, Path)):
-            updatable = self.served_tensors() if self.options.speculative.train else self._tensors
-            loaded = await asyncio.to_thread(W.from_safetensors, Path(weights), updatable)
-            tensors, draft = self._draft.split(loaded)
-        else:
-            tensors, draft = self._incoming(weights)
-        return await self._call(lambda: self._apply_update(tensors, draft, version))
-
-    def _incoming(self, weights: Mapping[str, Any]) -> tuple[Any, dict[str, torch.Tensor]]:
-        """An update's policy tensors (adapter parts merged, quantised parts joined) and draft tensors."""
-        weights, draft = self._draft.split(weights)
-        if not weights and draft:
-            return {}, draft
-        plain, parts = self._adapters.join(weights, self._tensors, self._held.names)
-        return Update(self._held.incoming(plain, self._tensors), plain, parts), draft
-
-    def _apply_update(self, tensors: Any, draft: dict[str, torch.Tensor], version: int | None) -> int:
-        """On the engine thread. Only draft tensors: the policy and its version stay as they are."""
-        if isinstance(tensors, Update):
-            new = self._apply_update(tensors.tensors, draft, version)
-            self._adapters.applied(tensors.plain, tensors.parts)
-            return new
-        if draft:
-            self._draft.apply(draft)
-            self._speculator.proposer.reset()  # type: ignore[union-attr]
-        if not tensors:
-            return self._sched.version
-        return self._sched.update_weights(tensors, version)
-
-    async def swap_weights(self, weights: Mapping[str, Any], *, version: int | None = None,
-                           pause_mode: PauseMode = "retract") -> int:
-        """:meth:`pause` (``pause_mode``), :meth:`update_weights`, :meth:`resume` as one command
-        of the engine thread: one stop between two forward passes instead of three round trips
-        (each waits for the current forward). An engine paused before stays paused."""
-        _check_pause_mode(pause_mode)
-        tensors, draft = self._incoming(weights)
-        sched = self._sched
-        if pause_mode == "wait":  # the running requests finish on the old weights first
-            was_paused = sched.paused
-            await self.pause("wait")
-            try:
-                return await self._call(lambda: self._apply_update(tensors, draft, version))
-            finally:
-                if not was_paused:
-                    await self.resume()
-
-        def swap() -> int:
-            was_paused = sched.paused
-            sched.pause(pause_mode)
-            try:
-                return self._apply_update(tensors, draft, version)
-            finally:
-                if not was_paused:
-                    sched.resume()
-
-        return await self._call(swap)
 
     async def aclose(self) -> None:
         """Stop the engine thread; requests still queued or running finish with ``abort``."""

@@ -20,21 +20,22 @@ from miles_engine.precision.targets import quantized_weights
 
 
 class HeldFormat:
-    def __init__(self, model: Any, fmt: str, exceptions: tuple[str, ...]) -> None:
+    def __init__(self, model: Any, fmt: str, exceptions: tuple[str, ...], storage: str = "codes") -> None:
         self.format = fmt
         try:
             modules = {} if fmt == "full" else quantized_weights(model, fmt, exceptions)
         except QuantizeError as exc:
             raise ConfigError(f"engine weight_format={fmt}: {exc}") from None
-        self.handles: dict[str, HeldWeight] = hold(modules, fmt)
+        self.handles: dict[str, HeldWeight] = hold(modules, fmt, storage)
         self.names = frozenset(self.handles)
 
     def formats(self) -> dict[str, str]:
         return {n: self.format for n in self.names}
 
-    def nbytes(self) -> int:
-        """Bytes of the held weights' codes and scales."""
-        return held_bytes(self.handles)
+    def nbytes(self, model: Any) -> int:
+        """The model's weight memory: held weights as stored, the rest as parameters and buffers."""
+        tensors = {id(t): t for t in [*model.parameters(), *model.buffers()]}  # tied weights once
+        return held_bytes(self.handles) + sum(t.numel() * t.element_size() for t in tensors.values())
 
     def incoming(self, weights: Mapping[str, Any], model: Mapping[str, Any]) -> dict[str, Any]:
         """An update's tensors, checked against ``model``; a held weight's parts (``W:q.codes``, ...)

@@ -4,7 +4,8 @@ instead of a full-precision parameter, and decodes them on each forward -- so th
 memory is the format's (an fp8 weight takes a quarter of float32's bytes plus its scales) and it
 computes with exactly the values the quantizer defines (dequantise, then the float GEMM).
 
-The module keeps its name and its ``state_dict()`` (``weight`` is the decoded values), so metadata,
+``weight_storage: values`` keeps the decoded values instead (decoded once per update: the float
+path's memory and speed, the same numbers). The module keeps its name and its ``state_dict()`` (``weight`` is the decoded values), so metadata,
 checksums and weight checks read what they read before. Updates go through :class:`HeldWeight`:
 ``copy_`` of full-precision values quantises them (once, on the engine), codes and scales joined
 from an update's parts are stored as they came (the trainer quantised them; no second rounding).
@@ -23,16 +24,27 @@ from miles_engine.precision.quantizer import Quantized, dequantize, quantize
 class HeldWeight:
     """The engine's handle on one held weight: shape and dtype as the full-precision one had."""
 
-    def __init__(self, module: nn.Linear, name: str, fmt: str) -> None:
+    def __init__(self, module: nn.Linear, name: str, fmt: str, storage: str = "codes") -> None:
         weight = module.weight
-        self.name, self.format = name, fmt
+        self.name, self.format, self.storage = name, fmt, storage
         self.shape, self.dtype, self.device = weight.shape, weight.dtype, weight.device
-        self.quantized = quantize(weight.detach(), fmt, name)
+        self.quantized: Quantized | None = None
+        self._decoded: torch.Tensor | None = None
+        self._store(quantize(weight.detach(), fmt, name))
         del module.weight  # the full-precision parameter goes; the module decodes ours instead
         module.__class__ = _held_class(type(module))
         module._held = self  # type: ignore[assignment]
 
+    def _store(self, q: Quantized) -> None:
+        if self.storage == "values":  # decoded once, here: full-precision memory, no decode per forward
+            self._decoded = dequantize(q, self.dtype)
+        else:
+            self.quantized = q
+
     def values(self) -> torch.Tensor:
+        if self._decoded is not None:
+            return self._decoded
+        assert self.quantized is not None
         return dequantize(self.quantized, self.dtype)
 
     def copy_(self, value: torch.Tensor | Quantized) -> HeldWeight:
@@ -40,9 +52,9 @@ class HeldWeight:
         if isinstance(value, Quantized):
             if value.format != self.format or tuple(value.shape) != tuple(self.shape):
                 raise ValueError(f"{self.name}: {value.format} {value.shape} into {self.format} {tuple(self.shape)}")
-            self.quantized = value
+            self._store(value)
         else:
-            self.quantized = quantize(value.to(self.dtype), self.format, self.name)
+            self._store(quantize(value.to(self.dtype), self.format, self.name))
         return self
 
     def detach(self) -> torch.Tensor:
@@ -50,6 +62,9 @@ class HeldWeight:
 
     @property
     def nbytes(self) -> int:
+        if self._decoded is not None:
+            return self._decoded.numel() * self._decoded.element_size()
+        assert self.quantized is not None
         return self.quantized.nbytes
 
 
@@ -71,9 +86,9 @@ def _held_class(base: type) -> type:
     return _CLASSES[base]
 
 
-def hold(modules: dict[str, nn.Linear], fmt: str) -> dict[str, HeldWeight]:
+def hold(modules: dict[str, nn.Linear], fmt: str, storage: str = "codes") -> dict[str, HeldWeight]:
     """Hold each ``{weight name: its nn.Linear}`` in ``fmt``; the handles by weight name."""
-    return {name: HeldWeight(module, name, fmt) for name, module in modules.items()}
+    return {name: HeldWeight(module, name, fmt, storage) for name, module in modules.items()}
 
 
 def held_bytes(handles: dict[str, HeldWeight]) -> int:
