@@ -160,7 +160,7 @@ async def main(args: argparse.Namespace) -> None:
         full, fp8 = gemm_rates(weight, args.repeats)
         print(f"\nx[64, {weight.shape[1]}] @ W[{weight.shape[0]}, {weight.shape[1]}].T on {args.threads} thread(s), "
               f"GFLOP/s, median [range] of {args.repeats}")
-        print(f"  float32, dequantised weight (the engine today): {spread(full)}")
+        print(f"  float32, dequantised weight (what the engine runs):{spread(full)}")
         print(f"  FP8 _scaled_mm, row-wise scales (W8A8):         {spread(fp8)}")
         print(f"  ratio fp8 / float32: {statistics.median(fp8) / statistics.median(full):.2f}")
     finally:

@@ -116,3 +116,23 @@ def engine_pid(run: Path, name: str) -> int | None:
     port_file = run / "engines" / name / "port"
     out = subprocess.run(["pgrep", "-f", "--", f"--port-file {port_file}"], capture_output=True, text=True).stdout.split()
     return int(out[0]) if out else None
+
+
+def sigkill_engine_after(step: int, name: str, killed: list[int]):
+    """A ``while_running`` watcher for :func:`resume_with`: once the run has logged training step
+    ``step``, SIGKILL engine ``name``'s server process (its pid appended to ``killed``); bounded."""
+    import signal
+    import time
+
+    def watch(run: Path) -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and not killed:
+            metrics = run / "metrics.jsonl"
+            rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
+            pid = engine_pid(run, name)
+            if pid is not None and any(r["kind"] == "train" and r["step"] >= step for r in rows):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            time.sleep(0.2)
+
+    return watch

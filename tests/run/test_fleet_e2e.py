@@ -14,14 +14,18 @@ same server engines and push, in Ray actors).
 from __future__ import annotations
 
 import json
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.run.fleet_helpers import assert_accounted, assert_learns, engine_pid, metric_rows, resume_with
+from tests.run.fleet_helpers import (
+    assert_accounted,
+    assert_learns,
+    engine_pid,
+    metric_rows,
+    resume_with,
+    sigkill_engine_after,
+)
 
 
 @pytest.mark.slow
@@ -34,22 +38,10 @@ def test_two_server_engines_learn_through_a_sigkill(warm_run: Path, tmp_path: Pa
     current weights, and from its first push on every push reaches both engines, checked."""
     killed: list[int] = []
 
-    def kill_after_a_few_steps(run: Path) -> None:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            metrics = run / "metrics.jsonl"
-            rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
-            pid = engine_pid(run, "server-0")
-            if pid is not None and any(r["kind"] == "train" and r["step"] >= 5 for r in rows):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-                return
-            time.sleep(0.2)
-
     run = resume_with(warm_run, tmp_path / "run", ["weights.transport=disk_delta", "weights.check_update_equal=true",
                                                    "eval.every=10", "eval.mode=dedicated", "eval.engine.kind=server",
                                                    "eval.limit=32", "eval.attempts=4"],
-                      while_running=kill_after_a_few_steps)
+                      while_running=sigkill_engine_after(5, "server-0", killed))
     assert killed, "the engine process was never found to kill"
     train = assert_learns(run, one_outage=True)
     assert_accounted(run, train)

@@ -4,15 +4,11 @@ mid-run: a module of its own so the suite's workers can run it beside the other 
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.run.fleet_helpers import assert_accounted, engine_pid, metric_rows, resume_with
+from tests.run.fleet_helpers import assert_accounted, engine_pid, metric_rows, resume_with, sigkill_engine_after
 
 
 @pytest.mark.slow
@@ -26,20 +22,9 @@ def test_in_place_through_an_engine_sigkill(warm_run: Path, tmp_path: Path) -> N
 
     killed: list[int] = []
 
-    def kill_mid_run(run: Path) -> None:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not killed:
-            metrics = run / "metrics.jsonl"
-            rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
-            pid = engine_pid(run, "server-0")
-            if pid is not None and any(r["kind"] == "train" and r["step"] >= 4 for r in rows):
-                os.kill(pid, signal.SIGKILL)
-                killed.append(pid)
-            time.sleep(0.2)
-
     run = resume_with(warm_run, tmp_path / "run", ["rollout.on_update=in_place", "weights.transport=broadcast", "run.steps=13",
                                                    "run.checkpoint_every=13", "metrics.trajectories=all"],
-                      while_running=kill_mid_run)
+                      while_running=sigkill_engine_after(4, "server-0", killed))
     assert killed, "the engine process was never found to kill"
     train = [r for r in metric_rows(run) if r["step"] > 1]
     assert [r["step"] for r in train] == list(range(2, 14))

