@@ -125,7 +125,10 @@ def save_model(model: Any, dest: Path, fmt: str = "full", exceptions: Sequence[s
     dest.mkdir(parents=True, exist_ok=True)
     model.config.save_pretrained(str(dest))
     config = json.loads((dest / "config.json").read_text())
-    config["quantization_config"] = quantization_config(fmt, exceptions, names)
+    from torch import nn
+
+    linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    config["quantization_config"] = quantization_config(fmt, exceptions, names, linear)
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     save_file(to_checkpoint(state, names, fmt), str(dest / "model.safetensors"), metadata={"format": "pt"})
 

@@ -23,12 +23,18 @@ from miles_engine.precision.parts import join, split_name, to_parts
 _SCALE_SUFFIX = "weight_scale_inv"
 
 
-def quantization_config(fmt: str, exceptions: Iterable[str], names: Iterable[str]) -> dict[str, Any]:
+def quantization_config(fmt: str, exceptions: Iterable[str], names: Iterable[str],
+                        linear_modules: Iterable[str] = ()) -> dict[str, Any]:
+    """``names``: the quantised weights; ``linear_modules``: every linear layer's module name, so the
+    ones kept in high precision (exceptions, the output head) are listed where Hugging Face and vLLM
+    read them (``modules_to_not_convert``): without it they would take those layers for FP8 too."""
     get_format(fmt)
     record = {"format": fmt, "exceptions": list(exceptions), "quantized": sorted(names)}
+    quantised_modules = {n.removesuffix(".weight") for n in record["quantized"]}
+    kept = sorted(set(linear_modules) - quantised_modules)
     if fmt == "fp8":
         return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                "weight_block_size": [128, 128], "miles": record}
+                "weight_block_size": [128, 128], "modules_to_not_convert": kept, "miles": record}
     return {"quant_method": "miles", "miles": record}
 
 

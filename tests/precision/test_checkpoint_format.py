@@ -52,6 +52,8 @@ def test_a_converted_model_loads_into_the_quantizers_values(source, tmp_path, fm
         assert torch.equal(got[name], expected), name
     config = json.loads((dest / "config.json").read_text())["quantization_config"]
     assert config["miles"]["format"] == fmt and config["miles"]["exceptions"] == ["model.layers.1.self_attn.*"]
+    if fmt == "fp8":  # where Hugging Face and vLLM read the layers kept in high precision (they would load them as FP8)
+        assert config["modules_to_not_convert"] == ["lm_head"] + [f"model.layers.1.self_attn.{p}_proj" for p in "koqv"]
     # an engine serving the directory in its own format holds the same values (quantising them again changes nothing)
     engine = EmbeddedEngine.from_model(str(dest), weight_format=fmt,
                                        weight_exceptions=("model.layers.1.self_attn.*",))
@@ -67,6 +69,7 @@ def test_fp8_is_written_in_hugging_faces_fine_grained_layout(source, tmp_path):
     convert(source, dest, "fp8")
     config = json.loads((dest / "config.json").read_text())["quantization_config"]
     assert config["quant_method"] == "fp8" and config["weight_block_size"] == [128, 128]
+    assert config["modules_to_not_convert"] == ["lm_head"]  # every other linear layer is FP8
     with safe_open(str(dest / "model.safetensors"), framework="pt") as f:
         weight = f.get_tensor("model.layers.0.mlp.down_proj.weight")
         scale = f.get_tensor("model.layers.0.mlp.down_proj.weight_scale_inv")
