@@ -5,8 +5,9 @@ memory is the format's (an fp8 weight takes a quarter of float32's bytes plus it
 computes with exactly the values the quantizer defines (dequantise, then the float GEMM).
 
 ``weight_storage: values`` keeps the decoded values instead (decoded once per update: the float
-path's memory and speed, the same numbers). The module keeps its name and its ``state_dict()`` (``weight`` is the decoded values), so metadata,
-checksums and weight checks read what they read before. Updates go through :class:`HeldWeight`:
+path's memory and speed, the same numbers). The module keeps its name and its ``state_dict()``
+(``weight`` is the decoded values), so metadata, checksums and weight checks read what they read
+before. Updates go through :class:`HeldWeight`:
 ``copy_`` of full-precision values quantises them (once, on the engine), codes and scales joined
 from an update's parts are stored as they came (the trainer quantised them; no second rounding).
 """
@@ -27,7 +28,7 @@ class HeldWeight:
     def __init__(self, module: nn.Linear, name: str, fmt: str, storage: str = "codes") -> None:
         weight = module.weight
         self.name, self.format, self.storage = name, fmt, storage
-        self.shape, self.dtype, self.device = weight.shape, weight.dtype, weight.device
+        self.shape, self.dtype = weight.shape, weight.dtype
         self.quantized: Quantized | None = None
         self._decoded: torch.Tensor | None = None
         self._store(quantize(weight.detach(), fmt, name))

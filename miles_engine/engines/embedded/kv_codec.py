@@ -18,8 +18,6 @@ _SCALE_BYTES = 4
 
 
 class FP8KVCodec:
-    name = "fp8"
-
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., d]`` keys or values -> ``[..., d + 4]`` uint8 (codes, then the scale's bytes)."""
         codes, scale = kv_fp8_encode(x)
@@ -29,5 +27,3 @@ class FP8KVCodec:
         scale = stored[..., -_SCALE_BYTES:].contiguous().view(torch.float32)
         return kv_fp8_decode(stored[..., :-_SCALE_BYTES], scale, dtype)
 
-
-KV_CODECS = {"fp8": FP8KVCodec}
