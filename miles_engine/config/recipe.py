@@ -10,7 +10,13 @@ from pydantic import Field, ValidationError, model_serializer, model_validator
 from miles_engine.cluster.config import PlacementConfig
 from miles_engine.components import Section
 from miles_engine.config.yaml_source import apply_overrides, load_yaml_file
-from miles_engine.engines.fleet.build import check_on_update, check_transport, create_kinds, group_names
+from miles_engine.engines.fleet.build import (
+    check_on_update,
+    check_precision,
+    check_transport,
+    create_kinds,
+    group_names,
+)
 from miles_engine.engines.fleet.config import EngineGroupConfig, FleetConfig
 from miles_engine.errors import ConfigError, MilesError, format_validation_error
 from miles_engine.evaluation.config import EvalConfig  # the `eval` section (miles eval, eval during training)
@@ -132,12 +138,6 @@ class RecipeConfig(Section):
             raise ValueError(f"{', '.join(overrides)} would set one stage's precision alone; the precision section "
                              f"sets every stage at once (precision.train, precision.rollout, precision.kv_cache, "
                              f"precision.exceptions)")
-        if p.quantised or p.kv_cache != "full":
-            key = f"precision.rollout={p.rollout!r}" if p.quantised else f"precision.kv_cache={p.kv_cache!r}"
-            for i, g in enumerate(self.engines):
-                if g.kind not in ("embedded", "server"):
-                    raise ValueError(f"{key}: engines.{i} is kind {g.kind!r}, which does not receive the precision "
-                                     f"contract yet; kinds that do: embedded, server")
         if p.max_logprob_gap is not None and t.algorithm.old_logprobs == "rollout":
             raise ValueError("precision.max_logprob_gap compares the trainer's log-probs with the engine's: it needs "
                              "trainer.algorithm.old_logprobs=recompute, not rollout")
@@ -281,6 +281,11 @@ def _check_engines(recipe: RecipeConfig, hub: Hub, path: str, lines: dict[str, i
         check_on_update(recipe.rollout.on_update, recipe.engines, kinds)
     except ConfigError as exc:
         line = lines.get("rollout.on_update") or lines.get("engines") or "?"
+        raise ConfigError(f"{path}:{line}: {exc}") from exc
+    try:
+        check_precision(recipe.precision.rollout, recipe.precision.kv_cache, recipe.engines, kinds)
+    except ConfigError as exc:
+        line = lines.get("precision.rollout") or lines.get("precision") or lines.get("engines") or "?"
         raise ConfigError(f"{path}:{line}: {exc}") from exc
     if recipe.eval.engine is not None:  # the dedicated eval engines: their options and how snapshots reach them
         from miles_engine.engines.fleet.build import eval_transport

@@ -42,7 +42,8 @@ def conform(named: Iterable[tuple[str, torch.Tensor]], metadata: Sequence[Tensor
             where: str) -> Iterable[tuple[str, torch.Tensor]]:
     """Yield ``(name, tensor)`` detached, cast to the engine's dtype where both are floating point,
     and, for a tensor the engine holds in a quantised format, its codes and scales instead (the
-    online export quantises here, once, on the trainer's side: :mod:`miles_engine.precision.parts`);
+    online export quantises here, once, on the trainer's side, the trainer's values before any cast:
+    :mod:`miles_engine.precision.parts`);
     raise :class:`WeightPushError` on an unknown name, a shape or a non-castable dtype mismatch.
     With empty ``metadata`` (an engine that does not publish it) tensors pass unchanged."""
     meta = {m.name: m for m in metadata}
@@ -62,16 +63,16 @@ def conform(named: Iterable[tuple[str, torch.Tensor]], metadata: Sequence[Tensor
             continue
         if tuple(t.shape) != tuple(m.shape):
             raise WeightPushError(f"{where}: {name!r} has shape {tuple(t.shape)}, the engine's is {tuple(m.shape)}")
+        if m.format:  # quantised from the trainer's own values: the parts do not depend on the engine's dtype
+            yield from to_parts(name, t, m.format)
+            continue
         target = parse_dtype(m.dtype)
         if t.dtype != target:
             if not (t.dtype.is_floating_point and target.is_floating_point):
                 raise WeightPushError(f"{where}: {name!r} is {dtype_name(t.dtype)}, the engine's is {m.dtype} "
                                       f"(only floating-point tensors are cast)")
             t = t.to(target)
-        if m.format:
-            yield from to_parts(name, t, m.format)
-        else:
-            yield name, t
+        yield name, t
 
 
 def _check_adapter_part(name: str, lora: tuple[str, str], t: torch.Tensor, meta: Mapping[str, TensorMeta],

@@ -61,15 +61,41 @@ def test_a_stage_only_override_is_refused(sections, key):
 
 
 def test_contract_refusals_that_name_what_is_missing():
-    with pytest.raises(ValueError, match="engines.0 is kind 'sglang'"):
-        recipe(precision={"rollout": "fp8"}, engines=[{"kind": "sglang"}])
     with pytest.raises(ValueError, match="trainer.lora.enabled"):
         recipe(precision={"train": "fp8", "rollout": "fp8"}, trainer={"lora": {"enabled": True}})
     with pytest.raises(ValueError, match="true_on_policy=true needs the trainer and the engines"):
         recipe(precision={"rollout": "fp8"}, trainer={"true_on_policy": True})
-    with pytest.raises(ValueError, match="precision.kv_cache='fp8': engines.0 is kind 'sglang'"):
-        recipe(precision={"kv_cache": "fp8"}, engines=[{"kind": "sglang"}])
     assert recipe(precision={"rollout": "fp8", "kv_cache": "fp8"}).precision.kv_cache == "fp8"
+
+
+def loaded(tmp_path, **sections) -> RecipeConfig:
+    import yaml
+
+    from miles_engine.config.recipe import load_recipe
+    from miles_engine.hub import default_hub
+
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump({**BASE, "weights": {"transport": "broadcast"}, **sections}))
+    return load_recipe(path, hub=default_hub())
+
+
+@pytest.mark.parametrize("precision,engine,why", [
+    ({"rollout": "fp8"}, {"kind": "sglang"}, "engines.0.kind='sglang': .*do not receive the precision contract"),
+    ({"kv_cache": "fp8"}, {"kind": "sglang"}, "engines.0.kind='sglang': .*kv_cache='fp8'"),
+    ({"rollout": "mxfp8"}, {"kind": "vllm", "dtype": "bfloat16"},
+     r"engines.0.kind='vllm': precision.rollout='mxfp8': vllm engines receive full, fp8"),
+    ({"rollout": "fp8", "kv_cache": "fp8"}, {"kind": "vllm", "dtype": "bfloat16"},
+     r"precision.kv_cache='fp8': vLLM's FP8 KV cache scales a whole layer"),
+    ({"rollout": "fp8"}, {"kind": "vllm"}, r"dtype 'float32': vLLM's FP8 linear kernels take bfloat16"),
+])
+def test_engine_kinds_refuse_a_contract_they_cannot_hold_at_load(tmp_path, precision, engine, why):
+    with pytest.raises(ConfigError, match=rf"recipe.yaml:\d+: .*{why}"):
+        loaded(tmp_path, precision=precision, engines=[engine])
+
+
+def test_vllm_engines_take_bf16_activations_with_fp8_weights(tmp_path):
+    cfg = loaded(tmp_path, precision={"rollout": "fp8"}, engines=[{"kind": "vllm", "dtype": "bfloat16"}])
+    assert cfg.precision.rollout == "fp8" and cfg.engines[0].kind == "vllm"
 
 
 def engine(model, fmt: str, exceptions: tuple[str, ...] = ()) -> EmbeddedEngine:

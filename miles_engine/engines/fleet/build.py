@@ -59,12 +59,28 @@ def check_on_update(mode: str, groups: Sequence[EngineGroupConfig], kinds: Seque
                               f"{why}")
 
 
+def check_precision(weight_format: str, kv_cache: str, groups: Sequence[EngineGroupConfig],
+                    kinds: Sequence[EngineKind]) -> None:
+    """Every group's engines must hold the precision contract's rollout stage (a kind says why not
+    in ``precision_refusal``; a kind without one receives full precision only)."""
+    if weight_format == "full" and kv_cache == "full":
+        return
+    for i, (group, kind) in enumerate(zip(groups, kinds)):
+        refusal = getattr(kind, "precision_refusal", None)
+        why = refusal(weight_format, kv_cache, group.dtype) if refusal is not None else (
+            f"precision.rollout={weight_format!r}, precision.kv_cache={kv_cache!r}: its engines do not receive the "
+            f"precision contract (full precision only)")
+        if why:
+            raise ConfigError(f"engines.{i}.kind={group.kind!r}: {why}")
+
+
 async def start_fleet(groups: Sequence[EngineGroupConfig], kinds: Sequence[EngineKind], ctx: FleetContext,
                       stack: AsyncExitStack, options: FleetConfig | None = None) -> Router:
     """Every group's engines, started concurrently, behind one started router (torn down by ``stack``)."""
     from miles_engine.engines.router import Router
 
     options = options or FleetConfig()
+    check_precision(ctx.weight_format, ctx.kv_cache, groups, kinds)
     ctx.state_dir.mkdir(parents=True, exist_ok=True)
     names = group_names(groups)
     started = await asyncio.gather(*(kind.start(g, name, ctx, stack) for g, kind, name in zip(groups, kinds, names)))

@@ -19,6 +19,10 @@ class EmbeddedKind:
     def __init__(self, options: EmbeddedKindOptions) -> None:
         self.options = options
 
+    @staticmethod
+    def precision_refusal(weight_format: str, kv_cache: str, dtype: str) -> str | None:
+        return None  # our engines hold every format and the FP8 KV cache
+
     async def start(self, group: EngineGroupConfig, name: str, ctx: FleetContext, stack: AsyncExitStack) -> list[Any]:
         from miles_engine.engines.embedded import EmbeddedEngine
 

@@ -20,6 +20,10 @@ class ServerKind:
     def __init__(self, options: ServerKindOptions) -> None:
         self.options = options
 
+    @staticmethod
+    def precision_refusal(weight_format: str, kv_cache: str, dtype: str) -> str | None:
+        return None  # our engines hold every format and the FP8 KV cache
+
     def command(self, group: EngineGroupConfig, ctx: FleetContext, index: int) -> list[str]:
         from miles_engine.engines.launch import server_command
 

@@ -60,7 +60,17 @@ def port_in_use(port: int) -> bool:
 
 def hf_directory(ctx: FleetContext) -> str:
     """A Hugging Face directory of the policy vLLM can load: the policy's own, else (a GGUF file, a
-    ``package:`` or ``tiny:`` spec) the model loaded once and saved under the run's engine state."""
+    ``package:`` or ``tiny:`` spec) the model loaded once and saved under the run's engine state;
+    under ``precision.rollout=fp8`` the policy's FP8 checkpoint (:mod:`miles_engine.engines.vllm.fp8`)."""
+    if ctx.weight_format == "fp8":
+        from miles_engine.engines.vllm.fp8 import save_fp8_policy
+
+        model = ctx.model
+        if not hasattr(model, "state_dict"):
+            from miles_engine.models.loading import load_model
+
+            model = load_model(str(model), dtype="float32")[0]
+        return save_fp8_policy(model, ctx.state_dir / "vllm-model-fp8", ctx.weight_exceptions)
     path = ctx.model_path()
     if (Path(path) / "config.json").is_file():
         return path
@@ -85,6 +95,10 @@ class VllmKind:
 
     def __init__(self, options: VllmKindOptions) -> None:
         self.options = options
+
+    @staticmethod
+    def precision_refusal(weight_format: str, kv_cache: str, dtype: str) -> str | None:
+        return precision_refusal(weight_format, kv_cache, dtype)
 
     def command(self, group: EngineGroupConfig, ctx: FleetContext, index: int, model: str) -> list[str]:
         o = self.options
@@ -131,6 +145,7 @@ class VllmKind:
             raise ConfigError(f"engine group '{name}' (kind vllm): trainer.true_on_policy needs batch-invariant "
                               f"arithmetic identical to the trainer's, which only our engines compute; vLLM's "
                               f"kernels differ (the mismatch correction, trainer.mismatch, handles the gap)")
+        refuse_precision(group, name, ctx)
         await asyncio.to_thread(vllm_version, o.python_path())
         if o.port is not None:
             busy = [o.port + i for i in range(group.replicas) if port_in_use(o.port + i)]
@@ -138,6 +153,10 @@ class VllmKind:
                 raise ConfigError(f"engine group '{name}' (kind vllm): options.port={o.port} gives replica ports "
                                   f"{o.port}..{o.port + group.replicas - 1}, and 127.0.0.1:{busy[0]} is in use; "
                                   f"pick free ports or leave options.port unset (a free port each)")
+        if o.model_path and ctx.weight_format == "fp8":
+            from miles_engine.engines.vllm.fp8 import check_model_path
+
+            check_model_path(o.model_path, ctx.weight_exceptions)
         model = o.model_path or await asyncio.to_thread(hf_directory, ctx)
         engines = []
         for i in range(group.replicas):
@@ -153,6 +172,31 @@ class VllmKind:
             stack.push_async_callback(engine.aclose)
         await asyncio.gather(*(e.start() for e in engines))
         return engines
+
+
+RECEIVED_FORMATS = ("full", "fp8")
+
+
+def precision_refusal(weight_format: str, kv_cache: str, dtype: str) -> str | None:
+    """Why a vllm engine group cannot keep this precision contract (None: it can)."""
+    if weight_format not in RECEIVED_FORMATS:
+        return (f"precision.rollout={weight_format!r}: vllm engines receive {', '.join(RECEIVED_FORMATS)} (vLLM loads "
+                f"fine-grained FP8 checkpoints as the quantizer writes them; its MXFP8 / NVFP4 / INT4 layouts are "
+                f"other quantizers'); kinds embedded and server hold every format")
+    if kv_cache != "full":
+        return (f"precision.kv_cache={kv_cache!r}: vLLM's FP8 KV cache scales a whole layer's keys and values "
+                f"with one number (--kv-cache-dtype fp8), not the contract's scale per token and head, so it would "
+                f"attend over other values; kinds embedded and server hold it")
+    if weight_format == "fp8" and dtype != "bfloat16":
+        return (f"precision.rollout='fp8' with dtype {dtype!r}: vLLM's FP8 linear kernels take bfloat16 activations "
+                f"(its CPU kernel refuses float32); set the group's dtype to bfloat16")
+    return None
+
+
+def refuse_precision(group: EngineGroupConfig, name: str, ctx: FleetContext) -> None:
+    why = precision_refusal(ctx.weight_format, ctx.kv_cache, group.dtype)
+    if why is not None:
+        raise ConfigError(f"engine group '{name}' (kind vllm): {why}")
 
 
 def logprobs_mode(options: VllmKindOptions) -> str:

@@ -97,7 +97,7 @@ class VllmEngine(HttpEngine):
         except (ValueError, EngineServerError) as exc:  # a server someone else started without the bridge
             self.bridge_missing = str(exc).splitlines()[0]
             meta = []
-        self._metadata = [TensorMeta(n, d, tuple(s)) for n, d, s in meta or []]
+        self._metadata = [TensorMeta(m[0], m[1], tuple(m[2]), m[3] if len(m) > 3 else None) for m in meta or []]
         return self
 
     def _need_bridge(self, what: str) -> None:
@@ -209,19 +209,32 @@ class VllmEngine(HttpEngine):
     # ------------------------------------------------------------------ weights
     async def update_weights(self, weights: Mapping[str, Any] | Path, *, version: int | None = None) -> int:
         new = self._version + 1 if version is None else int(version)
-        if isinstance(weights, (str, Path)):
-            files = sorted(str(p) for p in Path(weights).glob("*.safetensors"))
+        files = sorted(str(p) for p in Path(weights).glob("*.safetensors")) if isinstance(weights, (str, Path)) else []
+        if files and not self.holds_formats:
             await self._load_files(files, new)
-        else:
-            from safetensors.torch import save_file
+            return new
+        if files:  # full-precision files: the weights held in a format are quantised here, as a push would
+            from safetensors.torch import load_file
 
-            from miles_engine.engines.http.tensors import untied_cpu
+            weights = {n: t for f in files for n, t in (await asyncio.to_thread(load_file, f)).items()}
+        elif isinstance(weights, (str, Path)):
+            raise EngineRefusedUpdate(f"{self.name}: no *.safetensors file in {weights}")
+        from safetensors.torch import save_file
 
-            with tempfile.TemporaryDirectory(prefix="miles-vllm-weights-") as tmp:
-                path = str(Path(tmp) / "model.safetensors")
-                await asyncio.to_thread(save_file, untied_cpu(weights), path)
-                await self._load_files([path], new)
+        from miles_engine.engines.http.tensors import untied_cpu
+        from miles_engine.weights.tensors import conform
+
+        tensors = dict(conform(untied_cpu(weights).items(), self._metadata, self.name))
+        with tempfile.TemporaryDirectory(prefix="miles-vllm-weights-") as tmp:
+            path = str(Path(tmp) / "model.safetensors")
+            await asyncio.to_thread(save_file, {n: t.contiguous() for n, t in tensors.items()}, path)
+            await self._load_files([path], new)
         return new
+
+    @property
+    def holds_formats(self) -> bool:
+        """Some weights are held in a quantised format (an FP8 checkpoint): they load as codes + scales."""
+        return any(m.format for m in self._metadata)
 
     async def _load_files(self, files: list[str], version: int) -> None:
         self._need_bridge("loading weights")

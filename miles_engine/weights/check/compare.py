@@ -44,11 +44,13 @@ def form_dtype(form: str) -> torch.dtype:
 
 
 def as_held(t: torch.Tensor, form: str, name: str) -> torch.Tensor:
-    """The trainer's tensor as the engine holds it after a push: cast to the engine's dtype, then
-    (a quantised engine) the quantizer's values of that (the engine does the same on receipt)."""
+    """The trainer's tensor as the engine holds it after a push: cast to the engine's dtype, or (a
+    quantised engine) the quantizer's values of the trainer's tensor in the engine's dtype (the
+    online export quantises before any cast: :func:`~miles_engine.weights.tensors.conform`)."""
     dtype, _, fmt = form.partition("+")
-    t = as_engine_dtype(t, getattr(torch, dtype))
-    return dequantize(quantize(t, fmt, name), t.dtype) if fmt else t
+    if fmt:
+        return dequantize(quantize(t.detach().to("cpu"), fmt, name), getattr(torch, dtype))
+    return as_engine_dtype(t, getattr(torch, dtype))
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,8 @@ trainer (a ``TCPStore`` it owns), engine i as rank i + 1, the group constructed 
 default group). This backend joins that group from each vLLM worker (``/init_weight_transfer_engine``)
 and, per bucket (``/update_weights``), receives the tensors rank 0 broadcasts -- one by one, or as one
 flat ``uint8`` buffer (``flat``) -- and loads them with the model's own ``load_weights`` (which packs
-``q/k/v`` into ``qkv_proj`` and so on), between vLLM's layerwise-reload start and finish.
+``q/k/v`` into ``qkv_proj`` and so on), between vLLM's layerwise-reload start and finish. An FP8
+weight arrives as its codes and scales and loads under the checkpoint's names (``fp8.py``).
 
 Kept in step by hand with ``miles_engine/weights/dist.py`` (the group) and ``weights/tensors.py``
 (the flat layout): vLLM's environment has no miles_engine to import.
@@ -125,6 +126,7 @@ class MilesWeightTransferEngine(WeightTransferEngine[MilesInitInfo, MilesUpdateI
         super().__init__(*args, **kwargs)
         self.group: Any = None
         self.comm_device = torch.device("cpu")
+        self._held: dict[str, Any] | None = None  # the model's FP8 weights, found before the first reload
 
     def init_transfer_engine(self, init_info: MilesInitInfo) -> None:
         self.shutdown()
@@ -134,7 +136,16 @@ class MilesWeightTransferEngine(WeightTransferEngine[MilesInitInfo, MilesUpdateI
         self.group = join_group(init_info, rank)
 
     def start_weight_update(self) -> None:
+        if self._held is None:
+            from miles_vllm_bridge.fp8 import held_fp8
+
+            self._held = held_fp8(self.model)
         start_reload(self.model, self.vllm_config)
+
+    def _load(self, named: list[tuple[str, torch.Tensor]]) -> None:
+        from miles_vllm_bridge.fp8 import to_checkpoint_names
+
+        self.model.load_weights(to_checkpoint_names(named, self._held or {}))
 
     def finish_weight_update(self) -> None:
         finish_reload(self.model, self.vllm_config)
@@ -152,14 +163,13 @@ class MilesWeightTransferEngine(WeightTransferEngine[MilesInitInfo, MilesUpdateI
             spans, total = flat_layout(dtypes, update_info.shapes)
             buf = torch.empty(total, dtype=torch.uint8, device=self.comm_device)
             self._broadcast(buf)
-            named = [(name, buf[off:off + size].view(dtype).reshape(shape))
-                     for name, dtype, shape, (off, size) in zip(update_info.names, dtypes, update_info.shapes, spans)]
-            self.model.load_weights(named)
+            self._load([(name, buf[off:off + size].view(dtype).reshape(shape))
+                        for name, dtype, shape, (off, size) in zip(update_info.names, dtypes, update_info.shapes, spans)])
             return
         for name, dtype, shape in zip(update_info.names, dtypes, update_info.shapes):
             weight = torch.empty(shape, dtype=dtype, device=self.comm_device)
             self._broadcast(weight)
-            self.model.load_weights([(name, weight)])
+            self._load([(name, weight)])
 
     def shutdown(self) -> None:
         group, self.group = self.group, None
