@@ -129,6 +129,8 @@ def save_model(model: Any, dest: Path, fmt: str = "full", exceptions: Sequence[s
 
     linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
     config["quantization_config"] = quantization_config(fmt, exceptions, names, linear)
+    # save_pretrained records the class; config.save_pretrained alone does not (vLLM would guess a pooling model)
+    config["architectures"] = config.get("architectures") or [type(model).__name__]
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     save_file(to_checkpoint(state, names, fmt), str(dest / "model.safetensors"), metadata={"format": "pt"})
 

@@ -285,7 +285,9 @@ class BroadcastTransport(TransportBase):
         finally:
             await self._bounded(engines, lambda e: e.resume(), "resuming the engines", tolerate=True)
             stats.pause_s = time.perf_counter() - paused
-        stats.missing = len({m.name for m in meta} - pushed)
+        from miles_engine.weights.tensors import weights_of
+
+        stats.missing = len({m.name for m in meta} - weights_of(pushed))
         stats.driver_bytes = stats.bytes if self.sender.held_by_driver else 0
         await verify_versions(engines, version)
         stats.push_s = time.perf_counter() - started

@@ -12,8 +12,6 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from miles_engine.models import adapters
-from miles_engine.precision.parts import split_name
 from miles_engine.weights.protocol import PushStats, WeightPushError, engine_name, engines_of, verify_versions, TransportBase
 
 if TYPE_CHECKING:
@@ -33,7 +31,7 @@ class ColocatedTransport(TransportBase):
         self._warned_missing = False
 
     async def push(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> PushStats:
-        from miles_engine.weights.tensors import conform
+        from miles_engine.weights.tensors import conform, weights_of
 
         started = time.perf_counter()
         engines = engines_of(self.targets)
@@ -44,8 +42,7 @@ class ColocatedTransport(TransportBase):
         stats = PushStats(version=version, tensors=len(named), buckets=1, engines=len(engines),
                           bytes=sum(t.numel() * t.element_size() for t in named.values()))
         # a quantised weight travels as its parts, an adapted one as its adapter's
-        pushed = {split[0] if (split := split_name(n) or adapters.split_name(n)) else n for n in named}
-        stats.missing = len({m.name for m in meta} - pushed)
+        stats.missing = len({m.name for m in meta} - weights_of(named))
         if stats.missing and not self._warned_missing:
             self._warned_missing = True
             log.warning("colocated push: %d engine tensors are not pushed (fine for tied weights)", stats.missing)

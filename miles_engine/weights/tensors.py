@@ -75,6 +75,12 @@ def conform(named: Iterable[tuple[str, torch.Tensor]], metadata: Sequence[Tensor
         yield name, t
 
 
+def weights_of(names: Iterable[str]) -> set[str]:
+    """The engine weights that pushed ``names`` write: a quantised weight's or an adapter's parts
+    count as the weight they update."""
+    return {split[0] if (split := split_name(n) or adapters.split_name(n)) else n for n in names}
+
+
 def _check_adapter_part(name: str, lora: tuple[str, str], t: torch.Tensor, meta: Mapping[str, TensorMeta],
                         where: str) -> None:
     if not meta:

@@ -77,3 +77,30 @@ def test_tiny_terminal_learns_on_a_vllm_engine(warm_run: Path, tmp_path: Path) -
     assert all(r["weights/tensors_checked"] > 0 for r in train if "weights/tensors_checked" in r)
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert sum(1 for r in rows if "weights/tensors_checked" in r) >= STEPS // 2, "pushes were not checked"
+
+
+def test_tiny_terminal_serves_fp8_weights_on_a_vllm_engine(warm_run: Path, tmp_path: Path) -> None:
+    """"Full-precision train + FP8 serve" on vLLM: the run writes the policy as the contract's FP8
+    checkpoint for vLLM, every push ships codes and scales and is read back equal, and the
+    engine-trainer log-prob gap is watched under a bound."""
+    run = tmp_path / "vllm-fp8"
+    train = rl_from_sft_weights(
+        warm_run, run, 4, "engines=[{kind: vllm, dtype: bfloat16, options: {cpu_kv_cache_gib: 1, max_num_seqs: 64}}]",
+        "precision.rollout=fp8", "precision.exceptions=['*.self_attn.[qkv]_proj.weight']",
+        "precision.max_logprob_gap=0.5", "trainer.algorithm.old_logprobs=recompute", "weights.transport=broadcast",
+        "weights.check_update_equal=true", "rollout.mode=sync")
+    config = json.loads((run / "engines" / "vllm-model-fp8" / "config.json").read_text())
+    assert config["quantization_config"]["miles"]["quantized"] == [
+        f"model.layers.{i}.{m}.weight" for i in range(2)
+        for m in ("mlp.down_proj", "mlp.gate_proj", "mlp.up_proj", "self_attn.o_proj")]
+    assert _vllm_pid(run) is None
+    assert_accounted(run, train)
+    for r in train:
+        assert r["weights/tensors_checked"] > 0 and r["weights/missing"] == 0, r
+        assert 0 < r["precision/logprob_gap_mean"] < 0.05, r["precision/logprob_gap_mean"]
+    # codes (1 byte) + a scale per 128x128 tile for the FP8 weights, float32 for the rest
+    from safetensors.torch import load_file
+
+    served = load_file(str(run / "engines" / "vllm-model-fp8" / "model.safetensors"))
+    params = sum(t.numel() for n, t in served.items() if not n.endswith("weight_scale_inv"))
+    assert train[-1]["weights/bytes_pushed"] < 0.6 * 4 * params, (train[-1]["weights/bytes_pushed"], params)

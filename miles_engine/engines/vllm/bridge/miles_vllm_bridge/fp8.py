@@ -78,10 +78,10 @@ def held_fp8(model: torch.nn.Module) -> dict[str, HeldFp8]:
     return out
 
 
-def metadata(model: torch.nn.Module, dtype: torch.dtype) -> dict[str, list[Any]]:
-    """``{name: [name, dtype, shape, "fp8"]}`` of the FP8 weights, as the trainer sees them."""
+def metadata(held: dict[str, HeldFp8], dtype: torch.dtype) -> list[list[Any]]:
+    """``[name, dtype, shape, "fp8"]`` of each FP8 weight, as the trainer sees it."""
     dtype_name = str(dtype).removeprefix("torch.")
-    return {n: [n, dtype_name, [h.rows, h.cols], "fp8"] for n, h in held_fp8(model).items()}
+    return [[n, dtype_name, [h.rows, h.cols], "fp8"] for n, h in held.items()]
 
 
 def to_checkpoint_names(named: Any, held: dict[str, HeldFp8]) -> list[tuple[str, torch.Tensor]]:

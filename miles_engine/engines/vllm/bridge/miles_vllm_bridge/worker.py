@@ -114,9 +114,9 @@ class MilesWorkerExtension:
         return plain.get(name)
 
     def miles_weight_metadata(self) -> list[list[Any]]:
-        model, held, plain = self._tensors()
+        _, held, plain = self._tensors()
         meta = [[n, str(t.dtype).removeprefix("torch."), list(t.shape)] for n, t in plain.items()]
-        return meta + list(fp8.metadata(model, self.vllm_config.model_config.dtype).values())
+        return meta + fp8.metadata(held, self.vllm_config.model_config.dtype)
 
     def miles_weight_checksums(self, names_json: str = "null") -> dict[str, str]:
         names = json.loads(names_json)
