@@ -79,18 +79,35 @@ def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor
     f = get_format(q.format)
     cols = q.shape[-1] if q.shape else 1
     if f.name == "fp8":
-        values = el.e4m3_decode(q.codes) * _expand_tiles(q.scales, q.codes.shape, f)
+        values = _times_tile_scales(el.e4m3_decode(q.codes), q.scales, f)
     else:
-        codes = el.unpack_nibbles(q.codes) if f.packed else q.codes
-        rows = codes.shape[0]
-        blocks = codes.reshape(rows, cols // f.block_cols, f.block_cols)
+        decoded = (el.unpack_decode(q.codes, "e2m1" if f.name == "nvfp4" else "int4") if f.packed
+                   else el.e4m3_decode(q.codes))
+        blocks = decoded.reshape(decoded.shape[0], cols // f.block_cols, f.block_cols)
         if f.name == "mxfp8":
-            values = el.e4m3_decode(blocks) * el.ue8m0_decode(q.scales).unsqueeze(-1)
+            values = blocks * el.ue8m0_decode(q.scales).unsqueeze(-1)
         elif f.name == "nvfp4":
-            values = el.e2m1_decode(blocks) * _nvfp4_divisor(q.scales, q.tensor_scale).unsqueeze(-1)
+            values = blocks * _nvfp4_divisor(q.scales, q.tensor_scale).unsqueeze(-1)
         else:
-            values = el.int4_decode(blocks) * q.scales.unsqueeze(-1)
+            values = blocks * q.scales.unsqueeze(-1)
     return values.reshape(q.shape).to(dtype)
+
+
+def _times_tile_scales(values: torch.Tensor, per_tile: torch.Tensor, f: QuantFormat) -> torch.Tensor:
+    """``values * _expand_tiles(per_tile)`` by broadcasting (the same float32 products, without
+    materialising the expanded scales): whole column blocks at once, a partial last one apart."""
+    rows, cols = values.shape
+    row_scales = per_tile.repeat_interleave(f.block_rows, 0)[:rows]  # rows x column tiles
+    whole = cols // f.block_cols * f.block_cols
+    if whole == cols:
+        return (values.reshape(rows, -1, f.block_cols) * row_scales[:, :, None]).reshape(rows, cols)
+    out = torch.empty_like(values)
+    if whole:
+        out[:, :whole] = (values[:, :whole].reshape(rows, -1, f.block_cols)
+                          * row_scales[:, : whole // f.block_cols, None]).reshape(rows, whole)
+    if whole < cols:
+        out[:, whole:] = values[:, whole:] * row_scales[:, -1:]
+    return out
 
 
 def fake_quantize(x: torch.Tensor, fmt: str | QuantFormat, name: str = "") -> torch.Tensor:

@@ -202,3 +202,12 @@ def test_the_reference_rounds_float32_like_ieee():
     for _ in range(2000):
         v = rng.uniform(-1, 1) * 2.0 ** rng.randint(-140, 120)
         assert ref.f32(Fraction(v)) == Fraction(struct.unpack("f", struct.pack("f", v))[0]), v
+
+
+def test_the_decoding_tables_give_the_definitions_values_for_every_byte():
+    byte = torch.arange(256, dtype=torch.uint8).reshape(16, 16)
+    bits = lambda t: t.view(torch.int32)  # noqa: E731 - NaN compared by its bits
+    assert torch.equal(bits(el.e4m3_decode(byte)), bits(byte.view(torch.float8_e4m3fn).float()))
+    for kind, decode in (("e2m1", el.e2m1_decode), ("int4", el.int4_decode)):
+        assert torch.equal(bits(el.unpack_decode(byte, kind)), bits(decode(el.unpack_nibbles(byte)))), kind
+    assert el.e4m3_decode(torch.tensor(0x38, dtype=torch.uint8)).item() == 1.0  # a 0-d code
