@@ -9,7 +9,7 @@ train–rollout mismatch and account staleness per token.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -114,12 +114,16 @@ async def engine_version(engine: Any) -> int:
     return int(await fetch()) if fetch is not None else int(engine.weight_version)
 
 
-def served_tensors(engine: Any) -> dict[str, Any] | None:
+def served_tensors(engine: Any, names: Iterable[str] | None = None) -> dict[str, Any] | None:
     """An in-process engine's live tensors under the names a push carries (``served_tensors()``
     where the engine has it: a co-trained draft's ``draft.*`` included), else its model's
-    ``state_dict()``; None for an engine in another process."""
+    ``state_dict()`` -- only ``names`` (those it has) when given; None for an engine in another
+    process."""
     served = getattr(engine, "served_tensors", None)
     if served is not None:
-        return served()
+        return served() if names is None else served(list(names))
     model = getattr(engine, "model", None)
-    return dict(model.state_dict()) if model is not None and hasattr(model, "state_dict") else None
+    if model is None or not hasattr(model, "state_dict"):
+        return None
+    tensors = dict(model.state_dict())
+    return tensors if names is None else {n: tensors[n] for n in names if n in tensors}

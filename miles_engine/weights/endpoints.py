@@ -98,9 +98,10 @@ def add_weight_sync_routes(app: FastAPI, engine: Any, *, update_lock: asyncio.Lo
         if isinstance(truncate, bool) or not isinstance(truncate, int) or truncate < 1:
             return _refused(f"truncate_size must be a positive integer, got {truncate!r}")
         async with update_lock:  # never read a half-copied update
-            tensors = served_tensors(engine) or {}
+            tensors = served_tensors(engine, [name]) or {}
             if name not in tensors:
-                return _refused(f"Get parameter by name failed: no tensor {name!r}{did_you_mean(name, tensors)}")
+                known = served_tensors(engine) or {}
+                return _refused(f"Get parameter by name failed: no tensor {name!r}{did_you_mean(name, known)}")
             value = await asyncio.to_thread(_rows_as_float32, tensors[name], truncate)
         # NaN / Infinity kept as Python's json writes them (SGLang's orjson would send null)
         return Response(json.dumps(value, allow_nan=True, separators=(",", ":")), media_type="application/json")
@@ -115,7 +116,7 @@ def add_weight_sync_routes(app: FastAPI, engine: Any, *, update_lock: asyncio.Lo
         from miles_engine.weights.tensors import digests
 
         async with update_lock:  # never read a half-copied update
-            sums = await asyncio.to_thread(digests, served_tensors(engine) or {}, names)
+            sums = await asyncio.to_thread(digests, served_tensors(engine, names) or {}, names)
         return JSONResponse({"checksums": sums, "weight_version": str(engine.weight_version)})
 
     @app.post("/miles/lora_base")

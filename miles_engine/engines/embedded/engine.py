@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -171,10 +171,15 @@ class EmbeddedEngine(WeightUpdates):
         (empty without a draft model): a trainer that co-trains the draft pushes them along."""
         return self._draft.metadata()
 
-    def served_tensors(self) -> dict[str, torch.Tensor]:
+    def served_tensors(self, names: Iterable[str] | None = None) -> dict[str, torch.Tensor]:
         """The live tensors under the names a push carries: the policy's, and ``draft.*`` when the
-        draft is co-trained (what a weight check reads back)."""
-        return {**self.model.state_dict(), **self._draft.served_tensors(), **self._adapters.parts}
+        draft is co-trained (what a weight check reads back); only ``names`` when given (a held
+        weight is decoded only when asked for)."""
+        extra = {**self._draft.served_tensors(), **self._adapters.parts}
+        if names is None:
+            return {**self.model.state_dict(), **extra}
+        found = ((n, extra.get(n, self._tensors.get(n))) for n in names)
+        return {n: t.detach() for n, t in found if t is not None}
 
     async def keep_lora_base(self, names: list[str]) -> dict[str, str]:
         """Keep the loaded base of each weight in ``names`` for adapter-only pushes (before anything

@@ -37,8 +37,8 @@ class EngineReader:
         return None
 
     async def tensors(self, names: Sequence[str], meta: Mapping[str, TensorMeta]) -> dict[str, torch.Tensor]:
-        live = served_tensors(self.engine) or {}
-        return {n: live[n].detach() for n in names if n in live}
+        live = served_tensors(self.engine, names) or {}
+        return {n: t.detach() for n, t in live.items()}
 
 
 class RemoteReader(EngineReader):
