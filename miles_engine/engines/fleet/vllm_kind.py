@@ -181,8 +181,9 @@ def precision_refusal(weight_format: str, kv_cache: str, dtype: str) -> str | No
     """Why a vllm engine group cannot keep this precision contract (None: it can)."""
     if weight_format not in RECEIVED_FORMATS:
         return (f"precision.rollout={weight_format!r}: vllm engines receive {', '.join(RECEIVED_FORMATS)} (vLLM loads "
-                f"fine-grained FP8 checkpoints as the quantizer writes them; its MXFP8 / NVFP4 / INT4 layouts are "
-                f"other quantizers'); kinds embedded and server hold every format")
+                f"fine-grained FP8 checkpoints as the quantizer writes them and computes them on CPU and CUDA; its "
+                f"NVFP4 (ModelOpt) and MXFP8 kernels are CUDA-only and not wired to the contract, its INT4 schemes "
+                f"(GPTQ / AWQ) round by other rules); kinds embedded and server hold every format")
     if kv_cache != "full":
         return (f"precision.kv_cache={kv_cache!r}: vLLM's FP8 KV cache scales a whole layer's keys and values "
                 f"with one number (--kv-cache-dtype fp8), not the contract's scale per token and head, so it would "
