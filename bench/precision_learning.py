@@ -27,7 +27,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.run.fleet_helpers import make_warm_run  # noqa: E402
-from tests.run.learning import rl_from_sft_weights  # noqa: E402
 
 CONFIGS = {"full": [], "fp8 serve": ["precision.rollout=fp8", "precision.kv_cache=fp8"],
            "mxfp8 QAT": ["precision.train=mxfp8", "precision.rollout=mxfp8"]}
@@ -45,6 +44,26 @@ def _curve(run: Path) -> list[tuple[int, float, dict]]:
     return out
 
 
+def _rl_from_sft_weights(warm: Path, run: Path, steps: int, *overrides: str) -> list[dict]:
+    """tests/run/learning.rl_from_sft_weights with this bench's evaluation interval."""
+    import json
+    import shutil
+
+    from click.testing import CliRunner
+
+    from miles_engine.cli.main import cli
+
+    shutil.copytree(warm, run)
+    shutil.rmtree(run / "checkpoints" / "step_00000001")  # from the SFT weights
+    (run / "metrics.jsonl").write_text("")
+    result = CliRunner().invoke(cli, ["train", "--resume", str(run), *overrides, f"run.steps={steps}",
+                                      "run.max_minutes=null", "metrics.progress=false"], catch_exceptions=False)
+    if result.exit_code != 0:
+        sys.exit(result.output[-3000:])
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["kind"] == "train"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--warm", type=Path, default=None, help="a warm run directory (make_warm_run)")
@@ -58,7 +77,7 @@ def main() -> None:
         for name, overrides in CONFIGS.items():
             run = Path(tmp) / name.replace(" ", "-")
             every = max(args.steps // 3, 1)
-            train = rl_from_sft_weights(warm, run, args.steps, *overrides, "rollout.mode=sync",
+            train = _rl_from_sft_weights(warm, run, args.steps, *overrides, "rollout.mode=sync",
                                         f"run.checkpoint_every={args.steps}", f"eval.every={every}", *EVAL)
             curves[name] = _curve(run)
             gaps[name] = statistics.mean(r.get("tis/numerics_abs_diff", 0.0) for r in train)

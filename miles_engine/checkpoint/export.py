@@ -109,30 +109,9 @@ def save_model(model: Any, dest: Path, fmt: str = "full", exceptions: Sequence[s
     if fmt == "full":
         model.save_pretrained(str(dest), safe_serialization=True)
         return
-    from safetensors.torch import save_file
+    from miles_engine.precision.checkpoint import save_quantized
 
-    from miles_engine.precision.checkpoint import quantization_config, to_checkpoint
-    from miles_engine.precision.quantizer import QuantizeError
-    from miles_engine.precision.targets import quantized_weights
-
-    try:
-        names = quantized_weights(model, fmt, exceptions)
-    except QuantizeError as exc:
-        raise ConfigError(str(exc)) from None
-    state = dict(model.state_dict())
-    if getattr(model.config, "tie_word_embeddings", False):
-        state.pop("lm_head.weight", None)  # the embeddings' storage, saved once
-    dest.mkdir(parents=True, exist_ok=True)
-    model.config.save_pretrained(str(dest))
-    config = json.loads((dest / "config.json").read_text())
-    from torch import nn
-
-    linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    config["quantization_config"] = quantization_config(fmt, exceptions, names, linear)
-    # save_pretrained records the class; config.save_pretrained alone does not (vLLM would guess a pooling model)
-    config["architectures"] = config.get("architectures") or [type(model).__name__]
-    (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    save_file(to_checkpoint(state, names, fmt), str(dest / "model.safetensors"), metadata={"format": "pt"})
+    save_quantized(model, dest, fmt, exceptions)
 
 
 def export_run(run_dir: str | Path, dest: str | Path, *, merged: bool = False, fmt: str | None = None) -> Path:

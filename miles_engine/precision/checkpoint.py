@@ -14,7 +14,9 @@ knows which contract the directory was written under.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from miles_engine.precision.formats import get_format
@@ -36,6 +38,36 @@ def quantization_config(fmt: str, exceptions: Iterable[str], names: Iterable[str
         return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
                 "weight_block_size": [128, 128], "modules_to_not_convert": kept, "miles": record}
     return {"quant_method": "miles", "miles": record}
+
+
+def save_quantized(model: Any, dest: Path, fmt: str, exceptions: Iterable[str] = ()) -> None:
+    """``model`` (a Hugging Face model) as a directory in ``fmt``: its config with the
+    ``quantization_config`` above, one safetensors file; a weight the format cannot hold is one
+    ConfigError naming it."""
+    from safetensors.torch import save_file
+    from torch import nn
+
+    from miles_engine.errors import ConfigError
+    from miles_engine.precision.quantizer import QuantizeError
+    from miles_engine.precision.targets import quantized_weights
+
+    exceptions = list(exceptions)
+    try:
+        names = quantized_weights(model, fmt, exceptions)
+    except QuantizeError as exc:
+        raise ConfigError(str(exc)) from None
+    state = dict(model.state_dict())
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)  # the embeddings' storage, saved once
+    dest.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(str(dest))
+    config = json.loads((dest / "config.json").read_text())
+    linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    config["quantization_config"] = quantization_config(fmt, exceptions, names, linear)
+    # save_pretrained records the class; config.save_pretrained alone does not (vLLM would guess a pooling model)
+    config["architectures"] = config.get("architectures") or [type(model).__name__]
+    (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    save_file(to_checkpoint(state, names, fmt), str(dest / "model.safetensors"), metadata={"format": "pt"})
 
 
 def contract_of(config: Mapping[str, Any]) -> dict[str, Any] | None:

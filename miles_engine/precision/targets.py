@@ -5,7 +5,7 @@ model, so they find the same names."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 from typing import Any
 
@@ -21,26 +21,26 @@ def quantized_weights(model: Any, fmt: str, exceptions: Iterable[str] = ()) -> d
     (last dimension off the block) is one error naming it and the way out (an exception)."""
     from torch import nn
 
+    exceptions = tuple(exceptions)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    chosen = {f"{module_name}.weight": module for module_name, module in model.named_modules()
+              if isinstance(module, nn.Linear) and module is not head
+              and not is_exception(f"{module_name}.weight", exceptions)}
+    check_fits({n: tuple(m.weight.shape) for n, m in chosen.items()}, fmt)
+    return chosen
+
+
+def check_fits(shapes: Mapping[str, tuple[int, ...]], fmt: str) -> None:
+    """One error naming every weight ``fmt`` cannot hold (last dimension off the block) and the way
+    out (an exception)."""
     from miles_engine.precision.quantizer import QuantizeError
 
     f = get_format(fmt)
-    exceptions = tuple(exceptions)
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    chosen, misfits = {}, []
-    for module_name, module in model.named_modules():
-        if not isinstance(module, nn.Linear) or module is head:
-            continue
-        name = f"{module_name}.weight"
-        if is_exception(name, exceptions):
-            continue
-        if f.block_rows == 1 and module.weight.shape[-1] % f.block_cols:
-            misfits.append(f"{name} {tuple(module.weight.shape)}")
-            continue
-        chosen[name] = module
+    misfits = [f"{name} {tuple(shape)}" for name, shape in shapes.items()
+               if f.block_rows == 1 and shape[-1] % f.block_cols]
     if misfits:
         raise QuantizeError(f"{fmt} needs the last dimension of every quantised weight to be a multiple of "
                             f"{f.block_cols}; these are not: {', '.join(misfits[:5])}"
                             f"{f' and {len(misfits) - 5} more' if len(misfits) > 5 else ''}. Keep them in high "
                             f"precision: precision.exceptions in a recipe, --exception of miles convert (fnmatch "
                             f"patterns of weight names)")
-    return chosen

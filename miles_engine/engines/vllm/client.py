@@ -33,7 +33,7 @@ from miles_engine.engines.errors import EngineRefusedUpdate, EngineServerError
 from miles_engine.engines.http.client import HttpEngine
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TensorMeta
 from miles_engine.engines.vllm.options import WORKER_EXTENSION
-from miles_engine.errors import EngineRequestError
+from miles_engine.errors import EngineRequestError, did_you_mean
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 _PAUSE = {"abort": "abort", "retract": "abort", "in_place": "keep", "wait": "wait"}
@@ -222,14 +222,37 @@ class VllmEngine(HttpEngine):
         from safetensors.torch import save_file
 
         from miles_engine.engines.http.tensors import untied_cpu
-        from miles_engine.weights.tensors import conform
 
-        tensors = dict(conform(untied_cpu(weights).items(), self._metadata, self.name))
+        # quantising is CPU work: off the event loop
+        tensors = await asyncio.to_thread(lambda: self._as_held(untied_cpu(weights)))
         with tempfile.TemporaryDirectory(prefix="miles-vllm-weights-") as tmp:
             path = str(Path(tmp) / "model.safetensors")
-            await asyncio.to_thread(save_file, {n: t.contiguous() for n, t in tensors.items()}, path)
+            await asyncio.to_thread(save_file, tensors, path)
             await self._load_files([path], new)
         return new
+
+    def _as_held(self, weights: Mapping[str, Any]) -> dict[str, Any]:
+        """The tensors to load: each weight the server holds in a format as its codes and scales
+        (quantised from the trainer's values, as a push ships them), floating point cast to the
+        server's dtype; a name the server does not have is refused with nothing loaded."""
+        import torch
+
+        from miles_engine.precision.parts import to_parts
+
+        meta = {m.name: m for m in self._metadata}
+        out: dict[str, Any] = {}
+        for name, t in weights.items():
+            m = meta.get(name)
+            if m is None and meta:
+                raise EngineRefusedUpdate(f"{self.name}: the server has no tensor {name!r}{did_you_mean(name, meta)}; "
+                                          f"nothing was loaded")
+            if m is not None and m.format:
+                out.update((n, p.contiguous()) for n, p in to_parts(name, t, m.format))
+            elif m is not None and t.is_floating_point():
+                out[name] = t.to(getattr(torch, m.dtype)).contiguous()
+            else:
+                out[name] = t.contiguous()
+        return out
 
     @property
     def holds_formats(self) -> bool:

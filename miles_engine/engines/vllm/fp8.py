@@ -68,7 +68,7 @@ def _pattern(owner: str, group: tuple[str, ...]) -> str:
 def save_fp8_policy(model: Any, dest: Path, exceptions: Iterable[str]) -> str:
     """``model`` as the FP8 checkpoint vLLM serves (once per run: an existing one is reused);
     a contract vLLM cannot keep is one ConfigError before any server starts."""
-    from miles_engine.checkpoint.export import save_model
+    from miles_engine.precision.checkpoint import save_quantized
     from miles_engine.precision.quantizer import QuantizeError
     from miles_engine.precision.targets import quantized_weights
 
@@ -85,7 +85,7 @@ def save_fp8_policy(model: Any, dest: Path, exceptions: Iterable[str]) -> str:
         return str(dest)
     tmp = dest.with_name(dest.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    save_model(model, tmp, "fp8", exceptions)
+    save_quantized(model, tmp, "fp8", exceptions)
     shutil.rmtree(dest, ignore_errors=True)
     tmp.rename(dest)
     return str(dest)

@@ -143,6 +143,14 @@ class MegatronTrainer(TorchTrainer):
         self.pad_id = pad if isinstance(pad, int) and 0 <= pad < self.vocab_size else 0
         hf_state = {k: v.detach() for k, v in hf.state_dict().items()}
         self.policy = self._build(hf_state, hf.config)
+        if cfg.weight_format != "full":  # quantisation-aware training: the engines' values in the forward
+            from miles_engine.precision.quantizer import QuantizeError
+            from miles_engine.trainer.megatron import qat
+
+            try:
+                qat.apply(self.policy.gpt, self.shape, self.layout, cfg.weight_format, cfg.weight_exceptions)
+            except QuantizeError as exc:
+                raise ConfigError(f"trainer.weight_format={cfg.weight_format}: {exc}") from None
         del hf
         self.root = nn.ModuleDict({"policy": self.policy})
         self.reference: nn.Module | None = None
