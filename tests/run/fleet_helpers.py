@@ -136,3 +136,10 @@ def sigkill_engine_after(step: int, name: str, killed: list[int]):
             time.sleep(0.2)
 
     return watch
+
+
+def vllm_pid(run: Path) -> int | None:
+    """The pid of the vLLM server a run launched (found by its port file under the run), if any."""
+    out = subprocess.run(["pgrep", "-f", "--", f"--port-file {run}/engines/"], capture_output=True, text=True)
+    pids = out.stdout.split()
+    return int(pids[0]) if pids else None

@@ -18,14 +18,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import threading
 from pathlib import Path
 
 import pytest
 
 from miles_engine.engines.vllm.options import default_python
-from tests.run.fleet_helpers import assert_accounted
+from tests.run.fleet_helpers import assert_accounted, vllm_pid
 from tests.run.learning import assert_held_out_rise, rl_from_sft_weights
 
 STEPS = 30
@@ -35,17 +34,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(2400),
                                  reason=f"no vLLM environment at {default_python()} (./dev.sh vllm builds it)")]
 
 
-def _vllm_pid(run: Path) -> int | None:
-    out = subprocess.run(["pgrep", "-f", "--", f"--port-file {run}/engines/"], capture_output=True, text=True)
-    pids = out.stdout.split()
-    return int(pids[0]) if pids else None
-
-
 def _kill_past_step(run: Path, step: int, killed: list[int], stop: threading.Event) -> None:
     while not stop.wait(0.2):
         metrics = run / "metrics.jsonl"
         rows = [json.loads(x) for x in metrics.read_text().splitlines()] if metrics.exists() else []
-        pid = _vllm_pid(run)
+        pid = vllm_pid(run)
         if pid is not None and any(r["kind"] == "train" and r["step"] >= step for r in rows):
             os.kill(pid, signal.SIGKILL)
             killed.append(pid)
@@ -66,7 +59,7 @@ def test_tiny_terminal_learns_on_a_vllm_engine(warm_run: Path, tmp_path: Path) -
         watcher.join(timeout=30)
     assert killed, "the vLLM process was never found to kill"
     assert train[-1]["engines/restarts"] >= 1, {k: v for k, v in train[-1].items() if k.startswith("engines/")}
-    assert _vllm_pid(run) is None  # nothing left running after the run
+    assert vllm_pid(run) is None  # nothing left running after the run
     assert_accounted(run, train)
     assert "kind: vllm" in (run / "config.yaml").read_text()
     assert_held_out_rise(run, train, " on a vLLM engine")
@@ -78,29 +71,3 @@ def test_tiny_terminal_learns_on_a_vllm_engine(warm_run: Path, tmp_path: Path) -
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert sum(1 for r in rows if "weights/tensors_checked" in r) >= STEPS // 2, "pushes were not checked"
 
-
-def test_tiny_terminal_serves_fp8_weights_on_a_vllm_engine(warm_run: Path, tmp_path: Path) -> None:
-    """"Full-precision train + FP8 serve" on vLLM: the run writes the policy as the contract's FP8
-    checkpoint for vLLM, every push ships codes and scales and is read back equal, and the
-    engine-trainer log-prob gap is watched under a bound."""
-    run = tmp_path / "vllm-fp8"
-    train = rl_from_sft_weights(
-        warm_run, run, 4, "engines=[{kind: vllm, dtype: bfloat16, options: {cpu_kv_cache_gib: 1, max_num_seqs: 64}}]",
-        "precision.rollout=fp8", "precision.exceptions=['*.self_attn.[qkv]_proj.weight']",
-        "precision.max_logprob_gap=0.5", "trainer.algorithm.old_logprobs=recompute", "weights.transport=broadcast",
-        "weights.check_update_equal=true", "rollout.mode=sync")
-    config = json.loads((run / "engines" / "vllm-model-fp8" / "config.json").read_text())
-    assert config["quantization_config"]["miles"]["quantized"] == [
-        f"model.layers.{i}.{m}.weight" for i in range(2)
-        for m in ("mlp.down_proj", "mlp.gate_proj", "mlp.up_proj", "self_attn.o_proj")]
-    assert _vllm_pid(run) is None
-    assert_accounted(run, train)
-    for r in train:
-        assert r["weights/tensors_checked"] > 0 and r["weights/missing"] == 0, r
-        assert 0 < r["precision/logprob_gap_mean"] < 0.05, r["precision/logprob_gap_mean"]
-    # codes (1 byte) + a scale per 128x128 tile for the FP8 weights, float32 for the rest
-    from safetensors.torch import load_file
-
-    served = load_file(str(run / "engines" / "vllm-model-fp8" / "model.safetensors"))
-    params = sum(t.numel() for n, t in served.items() if not n.endswith("weight_scale_inv"))
-    assert train[-1]["weights/bytes_pushed"] < 0.6 * 4 * params, (train[-1]["weights/bytes_pushed"], params)
