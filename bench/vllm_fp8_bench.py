@@ -3,7 +3,7 @@
     .venv/bin/python bench/vllm_fp8_bench.py              # 3 repeats
     .venv/bin/python bench/vllm_fp8_bench.py --repeats 1
 
-The FP8 checkpoint is the one the ``vllm`` kind writes (``engines/vllm/fp8.save_fp8_policy``:
+The FP8 checkpoint is the one the ``vllm`` kind writes (``engines/fp8_checkpoint.save_fp8_policy``:
 q/k/v kept in high precision, the fused-group rule); vLLM's CPU build computes it with its AMX
 W8A16 kernel (FP8 weights, bfloat16 activations: an FP8 GEMM, where our engine dequantises then
 runs the float GEMM). Per model and batch size: decode tokens/s (greedy, ``ignore_eos``, 64 new
@@ -50,7 +50,7 @@ print("RESULT " + json.dumps(out))
 
 
 def _models(work: Path) -> dict[str, Path]:
-    from miles_engine.engines.vllm.fp8 import save_fp8_policy
+    from miles_engine.engines.fp8_checkpoint import save_fp8_policy
     from miles_engine.models.loading import load_model
     from tests.smollm2 import smollm2_gguf_path
 

@@ -23,6 +23,11 @@ class EngineRefusedUpdate(MilesError):
     """An engine server refused a weight update it understood (an HTTP error with its answer); it
     keeps its old weights. The weight transport that asked turns it into its own error."""
 
-    def __init__(self, url: str, status: int, body: object, message: str, version: int) -> None:
-        super().__init__(f"engine {url} refused the update to weight version {version} (HTTP {status}): {message}")
-        self.url, self.status, self.body, self.message, self.version = url, status, body, message, version
+    def __init__(self, url: str, status: int | None = None, body: object = None, message: str | None = None,
+                 version: int | None = None) -> None:
+        if status is None:  # refused by the client before the server saw it: ``url`` is the whole message
+            super().__init__(url)
+        else:
+            super().__init__(f"engine {url} refused the update to weight version {version} (HTTP {status}): "
+                             f"{message}")
+        self.url, self.status, self.body, self.message, self.version = url, status, body, message or url, version

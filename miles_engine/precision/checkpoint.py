@@ -22,7 +22,7 @@ from typing import Any
 from miles_engine.precision.formats import get_format
 from miles_engine.precision.parts import join, split_name, to_parts
 
-_SCALE_SUFFIX = "weight_scale_inv"
+SCALE_SUFFIX = "weight_scale_inv"
 
 
 def quantization_config(fmt: str, exceptions: Iterable[str], names: Iterable[str],
@@ -99,10 +99,31 @@ def to_checkpoint(state: Mapping[str, Any], names: Iterable[str], fmt: str) -> d
         elif fmt == "fp8":
             q = quantize(tensor, fmt, name)
             out[name] = q.codes.view(torch.float8_e4m3fn).reshape(tensor.shape).contiguous()
-            out[f"{name.removesuffix('weight')}{_SCALE_SUFFIX}"] = q.scales.contiguous()
+            out[scale_name(name)] = q.scales.contiguous()
         else:
             out.update((n, t.contiguous()) for n, t in to_parts(name, tensor, fmt))
     return out
+
+
+def scale_name(weight: str) -> str:
+    """The fine-grained FP8 layout's name of weight ``weight``'s tile scales."""
+    return f"{weight.removesuffix('weight')}{SCALE_SUFFIX}"
+
+
+def fp8_wire_name(name: str, dtype: str) -> tuple[str, str]:
+    """A pushed tensor's name and dtype as a server that loads the fine-grained FP8 layout receives
+    it (SGLang's ``/update_weights_from_distributed`` feeds them to the model's ``load_weights``):
+    an FP8 weight's codes are the weight itself, ``float8_e4m3fn`` (the same bytes); its scales
+    ``<module>.weight_scale_inv``; anything else unchanged. Other formats have no such layout."""
+    split = split_name(name)
+    if split is None:
+        return name, dtype
+    weight, part = split
+    if part == "codes":
+        return weight, "float8_e4m3fn"
+    if part == "scales":
+        return scale_name(weight), dtype
+    raise ValueError(f"{name!r}: only fp8 weights (codes + scales) have a fine-grained FP8 checkpoint name")
 
 
 def from_checkpoint(saved: Mapping[str, Any], contract: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]],
@@ -120,12 +141,12 @@ def from_checkpoint(saved: Mapping[str, Any], contract: Mapping[str, Any], shape
         split = split_name(name)
         if split is not None:
             parts.setdefault(split[0], {})[name] = tensor
-        elif name.endswith(_SCALE_SUFFIX):
+        elif name.endswith(SCALE_SUFFIX):
             continue
         elif name in quantized and fmt == "fp8":
-            scales = saved.get(f"{name.removesuffix('weight')}{_SCALE_SUFFIX}")
+            scales = saved.get(scale_name(name))
             if scales is None:
-                raise ValueError(f"{name!r} is fp8 but its {_SCALE_SUFFIX} is missing")
+                raise ValueError(f"{name!r} is fp8 but its {SCALE_SUFFIX} is missing")
             codes = tensor.view(torch.uint8).reshape(-1, tensor.shape[-1])
             out[name] = dequantize(Quantized("fp8", tuple(tensor.shape), codes, scales.float()), dtype)
         else:

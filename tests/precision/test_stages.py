@@ -80,8 +80,13 @@ def loaded(tmp_path, **sections) -> RecipeConfig:
 
 
 @pytest.mark.parametrize("precision,engine,why", [
-    ({"rollout": "fp8"}, {"kind": "sglang"}, "engines.0.kind='sglang': .*do not receive the precision contract"),
+    ({"rollout": "fp8"}, {"kind": "sglang", "device": "cuda", "dtype": "float32"},
+     r"engines.0.kind='sglang': .*dtype 'float32': SGLang's FP8 linear kernels take bfloat16"),
+    ({"rollout": "fp8"}, {"kind": "sglang", "dtype": "bfloat16"}, r"gloo \(the CPU backend\) cannot carry float8"),
+    ({"rollout": "nvfp4", "train": "nvfp4"}, {"kind": "sglang", "device": "cuda", "dtype": "bfloat16"},
+     r"sglang engines receive full, fp8"),
     ({"kv_cache": "fp8"}, {"kind": "sglang"}, "engines.0.kind='sglang': .*kv_cache='fp8'"),
+    ({"kv_cache": "fp8"}, {"kind": "external", "options": {"urls": ["http://127.0.0.1:1"]}}, "engines.0.kind='external': .*do not receive the precision contract"),
     ({"rollout": "mxfp8"}, {"kind": "vllm", "dtype": "bfloat16"},
      r"engines.0.kind='vllm': precision.rollout='mxfp8': vllm engines receive full, fp8"),
     ({"rollout": "fp8", "kv_cache": "fp8"}, {"kind": "vllm", "dtype": "bfloat16"},
@@ -93,9 +98,12 @@ def test_engine_kinds_refuse_a_contract_they_cannot_hold_at_load(tmp_path, preci
         loaded(tmp_path, precision=precision, engines=[engine])
 
 
-def test_vllm_engines_take_bf16_activations_with_fp8_weights(tmp_path):
+def test_vllm_and_sglang_engines_take_bf16_activations_with_fp8_weights(tmp_path):
     cfg = loaded(tmp_path, precision={"rollout": "fp8"}, engines=[{"kind": "vllm", "dtype": "bfloat16"}])
     assert cfg.precision.rollout == "fp8" and cfg.engines[0].kind == "vllm"
+    cfg = loaded(tmp_path, precision={"rollout": "fp8"},
+                 engines=[{"kind": "sglang", "device": "cuda", "dtype": "bfloat16"}])
+    assert cfg.engines[0].kind == "sglang"
 
 
 def engine(model, fmt: str, exceptions: tuple[str, ...] = ()) -> EmbeddedEngine:

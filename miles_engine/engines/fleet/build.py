@@ -67,7 +67,7 @@ def check_precision(weight_format: str, kv_cache: str, groups: Sequence[EngineGr
         return
     for i, (group, kind) in enumerate(zip(groups, kinds)):
         refusal = getattr(kind, "precision_refusal", None)
-        why = refusal(weight_format, kv_cache, group.dtype) if refusal is not None else (
+        why = refusal(weight_format, kv_cache, group) if refusal is not None else (
             f"precision.rollout={weight_format!r}, precision.kv_cache={kv_cache!r}: its engines do not receive the "
             f"precision contract (full precision only)")
         if why:

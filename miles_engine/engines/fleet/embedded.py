@@ -20,7 +20,7 @@ class EmbeddedKind:
         self.options = options
 
     @staticmethod
-    def precision_refusal(weight_format: str, kv_cache: str, dtype: str) -> str | None:
+    def precision_refusal(weight_format: str, kv_cache: str, group: EngineGroupConfig) -> str | None:
         return None  # our engines hold every format and the FP8 KV cache
 
     async def start(self, group: EngineGroupConfig, name: str, ctx: FleetContext, stack: AsyncExitStack) -> list[Any]:

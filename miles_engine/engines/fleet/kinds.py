@@ -94,7 +94,7 @@ class EngineKind(Protocol):
     transports: tuple[str, ...]  # the weight transports that can reach its engines
     # optional: pause modes (rollout.on_update) its engines cannot honour -> why (see SGLANG_PAUSE_REFUSED)
     # pause_modes_refused: Mapping[str, str]
-    # optional: precision_refusal(weight_format, kv_cache, dtype) -> why its engines cannot hold that
+    # optional: precision_refusal(weight_format, kv_cache, group) -> why its engines cannot hold that
     # precision contract, None when they can; a kind without it receives full precision only
 
     async def start(self, group: EngineGroupConfig, name: str, ctx: FleetContext,

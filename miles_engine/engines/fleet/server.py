@@ -21,7 +21,7 @@ class ServerKind:
         self.options = options
 
     @staticmethod
-    def precision_refusal(weight_format: str, kv_cache: str, dtype: str) -> str | None:
+    def precision_refusal(weight_format: str, kv_cache: str, group: EngineGroupConfig) -> str | None:
         return None  # our engines hold every format and the FP8 KV cache
 
     def command(self, group: EngineGroupConfig, ctx: FleetContext, index: int) -> list[str]:

@@ -1,4 +1,10 @@
-"""``sglang``: SGLang servers launched by the run (GPU machines; the ``sglang`` extra)."""
+"""``sglang``: SGLang servers launched by the run (GPU machines; the ``sglang`` extra).
+
+Under ``precision.rollout=fp8`` the servers load the policy as the contract's fine-grained FP8
+checkpoint (written once per run, :mod:`miles_engine.engines.fp8_checkpoint`; SGLang reads its
+``quantization_config``), and each push ships the quantizer's codes and tile scales under the
+checkpoint's names (``W`` as ``float8_e4m3fn``, ``W_scale_inv``), which SGLang's weight loaders
+take as they take the checkpoint's."""
 
 from __future__ import annotations
 
@@ -20,11 +26,18 @@ class SGLangKind:
     def __init__(self, options: SGLangKindOptions) -> None:
         self.options = options
 
+    @staticmethod
+    def precision_refusal(weight_format: str, kv_cache: str, group: EngineGroupConfig) -> str | None:
+        return precision_refusal(weight_format, kv_cache, group)
+
     async def start(self, group: EngineGroupConfig, name: str, ctx: FleetContext, stack: AsyncExitStack) -> list[Any]:
         from miles_engine.engines.sglang import SGLangLaunchConfig, SGLangServer
 
         o = self.options
         model = o.model_path or (ctx.model if isinstance(ctx.model, str) else None)
+        held = None  # SGLang does not publish what it holds: under fp8 the checkpoint says
+        if ctx.weight_format == "fp8":  # the policy as an instance or a spec is written as a checkpoint here
+            model, held = await asyncio.to_thread(fp8_policy, o.model_path, ctx)
         if model is None:
             raise ConfigError(f"engine group '{name}' (kind sglang) needs a model directory: set model.path or "
                               f"engines.N.options.model_path (SGLang loads Hugging Face directories)")
@@ -41,7 +54,44 @@ class SGLangKind:
                                      speculative=o.speculative,
                                      extra_args=o.extra_args, env=env, start_timeout_s=o.start_timeout_s,
                                      log_path=ctx.state_dir / f"{name}-{i}.log")
-            server = SGLangServer(cfg, name=f"{name}-{i}", moe_shape=ctx.routed_experts_shape())
+            server = SGLangServer(cfg, name=f"{name}-{i}", moe_shape=ctx.routed_experts_shape(), held=held)
             stack.push_async_callback(server.stop)
             servers.append(server)
         return list(await asyncio.gather(*(s.start() for s in servers)))
+
+
+RECEIVED_FORMATS = ("full", "fp8")
+
+
+def precision_refusal(weight_format: str, kv_cache: str, group: EngineGroupConfig) -> str | None:
+    """Why an sglang engine group cannot keep this precision contract (None: it can)."""
+    if weight_format not in RECEIVED_FORMATS:
+        return (f"precision.rollout={weight_format!r}: sglang engines receive {', '.join(RECEIVED_FORMATS)} (SGLang "
+                f"loads fine-grained FP8 checkpoints as the quantizer writes them; its MXFP8 / NVFP4 (ModelOpt) "
+                f"paths quantise activations too and read other layouts, its INT4 schemes round by other rules); "
+                f"kinds embedded and server hold every format")
+    if kv_cache != "full":
+        return (f"precision.kv_cache={kv_cache!r}: SGLang's FP8 KV cache (--kv-cache-dtype fp8_e4m3) scales a whole "
+                f"layer's keys and values with one number, not the contract's scale per token and head; kinds "
+                f"embedded and server hold it")
+    if weight_format == "fp8" and group.dtype != "bfloat16":
+        return (f"precision.rollout='fp8' with dtype {group.dtype!r}: SGLang's FP8 linear kernels take bfloat16 "
+                f"activations; set the group's dtype to bfloat16")
+    if weight_format == "fp8" and not group.device.startswith("cuda"):
+        return ("precision.rollout='fp8' on device cpu: SGLang receives each pushed tensor in its own dtype over "
+                "the weight-sync group, and gloo (the CPU backend) cannot carry float8_e4m3fn (torch: Invalid "
+                "scalar type); NCCL can: put the group on cuda")
+    return None
+
+
+def fp8_policy(model_path: str | None, ctx: FleetContext) -> tuple[str, list[Any]]:
+    """The FP8 checkpoint the servers load (``options.model_path`` when it was written under this
+    contract, else the policy's, written once) and what they then hold (the push's metadata)."""
+    from miles_engine.engines.fp8_checkpoint import check_model_path, held_metadata, policy_checkpoint
+
+    if model_path:
+        check_model_path(model_path, ctx.weight_exceptions)
+        directory = model_path
+    else:
+        directory = policy_checkpoint(ctx.model, ctx.state_dir / "sglang-model-fp8", ctx.weight_exceptions, "sglang")
+    return directory, held_metadata(directory, "bfloat16")

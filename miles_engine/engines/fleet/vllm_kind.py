@@ -61,16 +61,11 @@ def port_in_use(port: int) -> bool:
 def hf_directory(ctx: FleetContext) -> str:
     """A Hugging Face directory of the policy vLLM can load: the policy's own, else (a GGUF file, a
     ``package:`` or ``tiny:`` spec) the model loaded once and saved under the run's engine state;
-    under ``precision.rollout=fp8`` the policy's FP8 checkpoint (:mod:`miles_engine.engines.vllm.fp8`)."""
+    under ``precision.rollout=fp8`` the policy's FP8 checkpoint (:mod:`miles_engine.engines.fp8_checkpoint`)."""
     if ctx.weight_format == "fp8":
-        from miles_engine.engines.vllm.fp8 import save_fp8_policy
+        from miles_engine.engines.fp8_checkpoint import policy_checkpoint
 
-        model = ctx.model
-        if not hasattr(model, "state_dict"):
-            from miles_engine.models.loading import load_model
-
-            model = load_model(str(model), dtype="float32")[0]
-        return save_fp8_policy(model, ctx.state_dir / "vllm-model-fp8", ctx.weight_exceptions)
+        return policy_checkpoint(ctx.model, ctx.state_dir / "vllm-model-fp8", ctx.weight_exceptions, "vllm")
     path = ctx.model_path()
     if (Path(path) / "config.json").is_file():
         return path
@@ -97,8 +92,8 @@ class VllmKind:
         self.options = options
 
     @staticmethod
-    def precision_refusal(weight_format: str, kv_cache: str, dtype: str) -> str | None:
-        return precision_refusal(weight_format, kv_cache, dtype)
+    def precision_refusal(weight_format: str, kv_cache: str, group: EngineGroupConfig) -> str | None:
+        return precision_refusal(weight_format, kv_cache, group.dtype)
 
     def command(self, group: EngineGroupConfig, ctx: FleetContext, index: int, model: str) -> list[str]:
         o = self.options
@@ -154,7 +149,7 @@ class VllmKind:
                                   f"{o.port}..{o.port + group.replicas - 1}, and 127.0.0.1:{busy[0]} is in use; "
                                   f"pick free ports or leave options.port unset (a free port each)")
         if o.model_path and ctx.weight_format == "fp8":
-            from miles_engine.engines.vllm.fp8 import check_model_path
+            from miles_engine.engines.fp8_checkpoint import check_model_path
 
             check_model_path(o.model_path, ctx.weight_exceptions)
         model = o.model_path or await asyncio.to_thread(hf_directory, ctx)

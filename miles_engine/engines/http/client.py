@@ -18,7 +18,7 @@ import asyncio
 import logging
 import tempfile
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +48,8 @@ class HttpEngine:
                  generate_timeout: float | None = 900.0, control_timeout: float = 60.0,
                  update_timeout: float = 900.0, health_timeout: float = 5.0, retries: int = 3,
                  backoff_s: float = 0.2, moe_shape: tuple[int, int] | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None, headers: Mapping[str, str] | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None, headers: Mapping[str, str] | None = None,
+                 held: Sequence[TensorMeta] | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.name = name or self.base_url
         self.moe_shape = moe_shape
@@ -63,7 +64,8 @@ class HttpEngine:
             limits=httpx.Limits(max_connections=1024, max_keepalive_connections=128),
         )
         self._version = 0
-        self._metadata: list[TensorMeta] = []
+        # what the server holds, where it does not say itself (an SGLang server given an FP8 checkpoint)
+        self._metadata: list[TensorMeta] = list(held or ())
         self.server_info: dict[str, Any] = {}
         self.is_miles_server = False
         self.pause_counts: Counter[str] = Counter()  # running totals of what pauses did (see pause)
@@ -185,6 +187,8 @@ class HttpEngine:
 
     async def update_weights(self, weights: Mapping[str, Any] | Path, *, version: int | None = None) -> int:
         new = self._version + 1 if version is None else int(version)
+        if isinstance(weights, (str, Path)) and self.holds_formats and not self.is_miles_server:
+            weights = await asyncio.to_thread(tensors.load_directory, Path(weights), self.name)
         if isinstance(weights, (str, Path)):
             await self._update_from_disk(Path(weights), new)
         elif self.is_miles_server:
@@ -197,6 +201,11 @@ class HttpEngine:
 
             with tempfile.TemporaryDirectory(prefix="miles-weights-") as tmp:
                 named = tensors.untied_cpu(weights)
+                if self.holds_formats:  # quantised here from the given values, as a push would
+                    from miles_engine.engines.held import fp8_checkpoint_tensors, held_tensors
+
+                    named = await asyncio.to_thread(
+                        lambda: fp8_checkpoint_tensors(held_tensors(named, self._metadata, self.name), self._metadata))
                 save_file(named, str(Path(tmp) / "model.safetensors"))
                 await self._update_from_disk(Path(tmp), new)
         self._version = new
@@ -212,6 +221,11 @@ class HttpEngine:
 
     def weight_metadata(self) -> list[TensorMeta]:
         return list(self._metadata)
+
+    @property
+    def holds_formats(self) -> bool:
+        """Some weights are held in a quantised format: they travel as codes + scales."""
+        return any(m.format for m in self._metadata)
 
     # ------------------------------------------------------------------ weight sync (SGLang names)
     async def fetch_weight_version(self) -> int:
@@ -253,6 +267,10 @@ class HttpEngine:
             body["miles_push_id"] = push_id
         if p2p_src is not None:  # the p2p transport: point to point from that group rank
             body["miles_p2p_src"] = int(p2p_src)
+        if not self.is_miles_server and self.holds_formats:
+            from miles_engine.engines.held import fp8_wire_specs
+
+            body["names"], body["dtypes"], body["shapes"] = fp8_wire_specs(names, dtypes, shapes, self._metadata)
         await self._weights_call("/update_weights_from_distributed", body)
         if weight_version is not None and commit is not False:
             self._version = int(weight_version)

@@ -68,3 +68,18 @@ def decode_named_tensors(chunks: Any) -> dict[str, Any]:
             raise BadRequest(f"tensor {sorted(dup)[0]!r} appears in more than one chunk")
         out.update(tensors)
     return out
+
+
+def load_directory(directory: Any, who: str) -> dict[str, Any]:
+    """Every tensor of a directory's safetensors files (a full-precision update a client must
+    convert before the server loads it); an empty directory is refused by name."""
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from miles_engine.engines.errors import EngineRefusedUpdate
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise EngineRefusedUpdate(f"{who}: no *.safetensors file in {directory}")
+    return {name: t for f in files for name, t in load_file(str(f)).items()}

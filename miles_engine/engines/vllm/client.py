@@ -33,7 +33,7 @@ from miles_engine.engines.errors import EngineRefusedUpdate, EngineServerError
 from miles_engine.engines.http.client import HttpEngine
 from miles_engine.engines.protocol import GenerateRequest, GenerateResult, PauseMode, TensorMeta
 from miles_engine.engines.vllm.options import WORKER_EXTENSION
-from miles_engine.errors import EngineRequestError, did_you_mean
+from miles_engine.errors import EngineRequestError
 
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 _PAUSE = {"abort": "abort", "retract": "abort", "in_place": "keep", "wait": "wait"}
@@ -213,51 +213,22 @@ class VllmEngine(HttpEngine):
         if files and not self.holds_formats:
             await self._load_files(files, new)
             return new
-        if files:  # full-precision files: the weights held in a format are quantised here, as a push would
-            from safetensors.torch import load_file
+        if isinstance(weights, (str, Path)):  # full-precision files: those held in a format are quantised here
+            from miles_engine.engines.http.tensors import load_directory
 
-            weights = {n: t for f in files for n, t in (await asyncio.to_thread(load_file, f)).items()}
-        elif isinstance(weights, (str, Path)):
-            raise EngineRefusedUpdate(f"{self.name}: no *.safetensors file in {weights}")
+            weights = await asyncio.to_thread(load_directory, weights, self.name)
         from safetensors.torch import save_file
 
+        from miles_engine.engines.held import held_tensors
         from miles_engine.engines.http.tensors import untied_cpu
 
         # quantising is CPU work: off the event loop
-        tensors = await asyncio.to_thread(lambda: self._as_held(untied_cpu(weights)))
+        tensors = await asyncio.to_thread(lambda: held_tensors(untied_cpu(weights), self._metadata, self.name))
         with tempfile.TemporaryDirectory(prefix="miles-vllm-weights-") as tmp:
             path = str(Path(tmp) / "model.safetensors")
             await asyncio.to_thread(save_file, tensors, path)
             await self._load_files([path], new)
         return new
-
-    def _as_held(self, weights: Mapping[str, Any]) -> dict[str, Any]:
-        """The tensors to load: each weight the server holds in a format as its codes and scales
-        (quantised from the trainer's values, as a push ships them), floating point cast to the
-        server's dtype; a name the server does not have is refused with nothing loaded."""
-        import torch
-
-        from miles_engine.precision.parts import to_parts
-
-        meta = {m.name: m for m in self._metadata}
-        out: dict[str, Any] = {}
-        for name, t in weights.items():
-            m = meta.get(name)
-            if m is None and meta:
-                raise EngineRefusedUpdate(f"{self.name}: the server has no tensor {name!r}{did_you_mean(name, meta)}; "
-                                          f"nothing was loaded")
-            if m is not None and m.format:
-                out.update((n, p.contiguous()) for n, p in to_parts(name, t, m.format))
-            elif m is not None and t.is_floating_point():
-                out[name] = t.to(getattr(torch, m.dtype)).contiguous()
-            else:
-                out[name] = t.contiguous()
-        return out
-
-    @property
-    def holds_formats(self) -> bool:
-        """Some weights are held in a quantised format (an FP8 checkpoint): they load as codes + scales."""
-        return any(m.format for m in self._metadata)
 
     async def _load_files(self, files: list[str], version: int) -> None:
         self._need_bridge("loading weights")

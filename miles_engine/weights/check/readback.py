@@ -53,6 +53,29 @@ class RemoteReader(EngineReader):
         return await self.engine.weight_checksums(list(names))
 
     async def _fetch(self, name: str, meta: TensorMeta | None) -> torch.Tensor:
+        if meta is not None and meta.format:
+            return await self._fetch_fp8(name, meta)
+        return await self._fetch_values(name, meta)
+
+    async def _fetch_fp8(self, name: str, meta: TensorMeta) -> torch.Tensor:
+        """An FP8 weight of a server holding the fine-grained FP8 layout (SGLang): the weight's
+        codes (float8 values, exact as float32) and its ``weight_scale_inv``, decoded as the
+        quantizer decodes them, in the engine's dtype."""
+        from miles_engine.precision.checkpoint import scale_name
+        from miles_engine.precision.parts import part_specs
+        from miles_engine.precision.quantizer import Quantized, dequantize
+
+        if meta.format != "fp8":
+            raise WeightCheckError(f"{self.name} holds {name!r} in {meta.format}, which /get_weights_by_name cannot "
+                                   f"read back (only the fine-grained FP8 layout has checkpoint names)")
+        shape = tuple(meta.shape)
+        scale_shape = next(s for n, (_, s) in part_specs(name, shape, "fp8").items() if n.endswith("scales"))
+        codes = await self._fetch_values(name, TensorMeta(name, "float32", shape))
+        scales = await self._fetch_values(scale_name(name), TensorMeta(scale_name(name), "float32", scale_shape))
+        codes = codes.to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1, shape[-1])
+        return dequantize(Quantized("fp8", shape, codes, scales), getattr(torch, meta.dtype))
+
+    async def _fetch_values(self, name: str, meta: TensorMeta | None) -> torch.Tensor:
         shape = tuple(meta.shape) if meta is not None else None
         rows = shape[0] if shape else 1
         data = await self.engine.get_weights_by_name(name, truncate_size=max(int(rows), 1))

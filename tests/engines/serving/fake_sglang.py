@@ -12,6 +12,12 @@ Tests write it to ``<tmp>/sglang/launch_server.py`` and put ``<tmp>`` on PYTHONP
 FAKE_SGLANG_DIR (where it records argv, pids, weight-update listings), FAKE_SGLANG_FAIL,
 FAKE_SGLANG_HANG, FAKE_SGLANG_IGNORE_TERM, FAKE_SGLANG_CORRUPT (a tensor name it adds 1 to after
 each update: what check-weight-update-equal must catch).
+
+Given a quantised checkpoint (``quantization_config`` in its config.json: the FP8 contract), it
+loads its tensors at start and, as SGLang's ``load_weights`` does, refuses an update naming a
+tensor the checkpoint lacks or giving another dtype or shape. One liberty: gloo cannot broadcast
+``float8_e4m3fn`` (torch: "Invalid scalar type"), so a float8 tensor is received as its bytes
+(uint8) and viewed as float8; SGLang on CUDA receives it as float8 over NCCL, which moves bytes.
 """
 
 SOURCE = r'''
@@ -20,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 p = argparse.ArgumentParser()
 p.add_argument("--model-path"); p.add_argument("--host"); p.add_argument("--port", type=int)
-p.add_argument("--weight-version", default="default")
+p.add_argument("--weight-version", default="default"); p.add_argument("--dtype", default="auto")
 args, _ = p.parse_known_args()
 out = os.environ["FAKE_SGLANG_DIR"]
 json.dump(sys.argv[1:], open(os.path.join(out, "argv.json"), "w"))
@@ -34,13 +40,46 @@ child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 open(os.path.join(out, "pids"), "w").write(f"{os.getpid()} {child.pid}")
 if os.environ.get("FAKE_SGLANG_HANG"):
     time.sleep(600)
-state = {"version": args.weight_version, "weights": {}, "groups": {}, "paused": None}
+state = {"version": args.weight_version, "weights": {}, "groups": {}, "paused": None, "strict": False}
+config = os.path.join(args.model_path or "", "config.json")
+if os.path.isfile(config) and json.load(open(config)).get("quantization_config"):
+    from safetensors.torch import load_file
+    for f in sorted(os.listdir(args.model_path)):
+        if f.endswith(".safetensors"):
+            state["weights"].update(load_file(os.path.join(args.model_path, f)))
+    state["strict"] = True
+    import torch
+    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else None
+    for name, t in state["weights"].items():  # parameters in the server's dtype, except FP8 weights and scales
+        if dtype is not None and t.is_floating_point() and t.dtype != torch.float8_e4m3fn and \
+                not name.endswith("_scale_inv"):
+            state["weights"][name] = t.to(dtype)
+
+
+def _load(received):
+    """The model's load_weights: a parameter it lacks or of another shape is refused; a quantised
+    parameter (float8 weight, float32 scale) must come in its own dtype; the rest is cast (copy_)."""
+    import torch
+    if not state["strict"]:
+        state["weights"].update(received)
+        return None
+    out = {}
+    for name, t in received.items():
+        held = state["weights"].get(name)
+        quantised = held is not None and (held.dtype == torch.float8_e4m3fn or name.endswith("_scale_inv"))
+        if held is None or held.shape != t.shape or (quantised and held.dtype != t.dtype):
+            return (f"load_weights: {name} {t.dtype} {list(t.shape)} does not match the model's "
+                    f"{None if held is None else (held.dtype, list(held.shape))}")
+        out[name] = t.to(held.dtype)
+    state["weights"].update(out)
+    return None
 
 
 def _corrupt():
     name = os.environ.get("FAKE_SGLANG_CORRUPT")
     if name and name in state["weights"]:
-        state["weights"][name] = state["weights"][name] + 1
+        t = state["weights"][name]
+        state["weights"][name] = (t.float() + 1).to(t.dtype)
 
 
 def init_group(body):
@@ -65,10 +104,18 @@ def receive(body):
         return False, "no such group"
     received = {}
     for name, dtype, shape in zip(body["names"], body["dtypes"], body["shapes"]):
-        t = torch.empty(shape, dtype=getattr(torch, str(dtype).removeprefix("torch.")))
-        dist.broadcast(t, src=0, group=pg)
+        dtype = getattr(torch, str(dtype).removeprefix("torch."))
+        if dtype == torch.float8_e4m3fn:
+            t = torch.empty(shape, dtype=torch.uint8)
+            dist.broadcast(t, src=0, group=pg)
+            t = t.view(dtype)
+        else:
+            t = torch.empty(shape, dtype=dtype)
+            dist.broadcast(t, src=0, group=pg)
         received[name] = t
-    state["weights"].update(received)
+    problem = _load(received)  # after the broadcast, as SGLang loads what it received
+    if problem:
+        return False, problem
     _corrupt()
     if body.get("weight_version") is not None:
         state["version"] = body["weight_version"]
@@ -77,9 +124,13 @@ def receive(body):
 
 def load_disk(path):
     from safetensors.torch import load_file
+    loaded = {}
     for f in sorted(os.listdir(path)):
         if f.endswith(".safetensors"):
-            state["weights"].update(load_file(os.path.join(path, f)))
+            loaded.update(load_file(os.path.join(path, f)))
+    problem = _load(loaded)
+    if problem:
+        return problem
     _corrupt()
 
 class H(BaseHTTPRequestHandler):
@@ -120,7 +171,9 @@ class H(BaseHTTPRequestHandler):
         if self.path == "/update_weights_from_disk":
             json.dump({"path": body["model_path"], "files": sorted(os.listdir(body["model_path"]))},
                       open(os.path.join(out, "update.json"), "w"))
-            load_disk(body["model_path"])
+            problem = load_disk(body["model_path"])
+            if problem:
+                return self._send(400, {"success": False, "message": problem})
             state["version"] = body.get("weight_version") or state["version"]
             return self._send(200, {"success": True, "message": "ok", "num_paused_requests": 0})
         if self.path == "/init_weights_update_group":

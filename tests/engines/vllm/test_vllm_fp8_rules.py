@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch import nn
 
-from miles_engine.engines.vllm.fp8 import check_model_path, fused_group_problems, save_fp8_policy
+from miles_engine.engines.fp8_checkpoint import check_model_path, fused_group_problems, save_fp8_policy
 from miles_engine.errors import ConfigError
 from miles_engine.precision.quantizer import dequantize, quantize
 from miles_engine.trainer.models import build_causal_lm
