@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 TILE = 128
 # the linear layers vLLM and SGLang model definitions pack into one
 FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+FUSED_AS = {FUSED[0]: "qkv_proj", FUSED[1]: "gate_up_proj"}  # the fused parameter's name
 SERVERS = {"vllm": "vLLM", "sglang": "SGLang"}
 
 
@@ -60,6 +61,19 @@ def fused_group_problems(shapes: Mapping[str, tuple[int, ...]], quantised: Itera
                                 f"tiles would scale rows of two weights, not the quantizer's values. Keep them in "
                                 f"high precision: add {pattern} to precision.exceptions")
     return problems
+
+
+def fused_scale_rows(name: str, shapes: Mapping[str, tuple[int, ...]]) -> tuple[str, int, int, int] | None:
+    """Where part ``name`` of a fused layer finds its tile scales once fused (the server holds one
+    ``<owner>.qkv_proj.weight_scale_inv``, the parts' tiles stacked in order): that name, the
+    part's first tile row, its tile rows and the fused parameter's; None for a weight not fused."""
+    owner, _, leaf = name.removesuffix(".weight").rpartition(".")
+    for group in FUSED:
+        if leaf in group:
+            tiles = [-(-shapes.get(f"{owner}.{m}.weight", (0,))[0] // TILE) for m in group]
+            at = group.index(leaf)
+            return f"{owner}.{FUSED_AS[group]}.weight_scale_inv", sum(tiles[:at]), tiles[at], sum(tiles)
+    return None
 
 
 def _pattern(owner: str, group: tuple[str, ...]) -> str:

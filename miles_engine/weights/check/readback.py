@@ -46,6 +46,7 @@ class RemoteReader(EngineReader):
         super().__init__(engine, name)
         self.checksums = checksums
         self.kind = "checksums" if checksums else "get_weights_by_name"
+        self._meta: Mapping[str, TensorMeta] = {}
 
     async def digests(self, names: Sequence[str]) -> dict[str, str] | None:
         if not self.checksums:
@@ -61,6 +62,7 @@ class RemoteReader(EngineReader):
         """An FP8 weight of a server holding the fine-grained FP8 layout (SGLang): the weight's
         codes (float8 values, exact as float32) and its ``weight_scale_inv``, decoded as the
         quantizer decodes them, in the engine's dtype."""
+        from miles_engine.engines.fp8_checkpoint import fused_scale_rows
         from miles_engine.precision.checkpoint import scale_name
         from miles_engine.precision.parts import part_specs
         from miles_engine.precision.quantizer import Quantized, dequantize
@@ -71,7 +73,13 @@ class RemoteReader(EngineReader):
         shape = tuple(meta.shape)
         scale_shape = next(s for n, (_, s) in part_specs(name, shape, "fp8").items() if n.endswith("scales"))
         codes = await self._fetch_values(name, TensorMeta(name, "float32", shape))
-        scales = await self._fetch_values(scale_name(name), TensorMeta(scale_name(name), "float32", scale_shape))
+        fused = fused_scale_rows(name, {n: tuple(m.shape) for n, m in self._meta.items()})
+        if fused is None:
+            scales = await self._fetch_values(scale_name(name), TensorMeta(scale_name(name), "float32", scale_shape))
+        else:  # SGLang reads a fused part's rows out of the fused parameter, which its scales do not follow
+            fused_name, first, rows, total = fused
+            stacked = await self._fetch_values(fused_name, TensorMeta(fused_name, "float32", (total, scale_shape[-1])))
+            scales = stacked[first:first + rows]
         codes = codes.to(torch.float8_e4m3fn).view(torch.uint8).reshape(-1, shape[-1])
         return dequantize(Quantized("fp8", shape, codes, scales), getattr(torch, meta.dtype))
 
@@ -99,6 +107,7 @@ class RemoteReader(EngineReader):
 
     async def tensors(self, names: Sequence[str], meta: Mapping[str, TensorMeta]) -> dict[str, torch.Tensor]:
         out: dict[str, torch.Tensor] = {}
+        self._meta = meta
         for name in names:  # one at a time: bounded memory on the server and here
             try:
                 out[name] = await self._fetch(name, meta.get(name))

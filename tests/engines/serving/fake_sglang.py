@@ -75,6 +75,27 @@ def _load(received):
     return None
 
 
+FUSED = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+
+def _parameter(name):
+    """SGLang's model.get_weights_by_name over a checkpoint's parameters: the fused layers hold one
+    parameter (a fused name reads all of it); a part's name is narrowed out of it by the part's
+    rows, which a part's tile scales do not follow (SGLang then fails: None, answered as an error)."""
+    import torch
+    if not state["strict"] or name is None:
+        return state["weights"].get(name)
+    owner, _, leaf = name.rpartition(".")
+    module = owner.rpartition(".")[2]
+    if module in FUSED and leaf.endswith("_scale_inv"):
+        prefix = owner.rpartition(".")[0]
+        parts = [state["weights"].get(f"{prefix}.{m}.{leaf}") for m in FUSED[module]]
+        return None if any(p is None for p in parts) else torch.cat(parts)
+    if leaf.endswith("_scale_inv") and any(module in members for members in FUSED.values()):
+        return None
+    return state["weights"].get(name)
+
+
 def _corrupt():
     name = os.environ.get("FAKE_SGLANG_CORRUPT")
     if name and name in state["weights"]:
@@ -189,7 +210,7 @@ class H(BaseHTTPRequestHandler):
             ok = state["groups"].pop(body.get("group_name", "weight_update_group"), None) is not None
             return self._send(200 if ok else 400, {"success": ok, "message": "destroyed" if ok else "no such group"})
         if self.path == "/get_weights_by_name":
-            t = state["weights"].get(body.get("name"))
+            t = _parameter(body.get("name"))
             if t is None:
                 return self._send(400, {"error": {"message": f"no parameter {body.get('name')!r}"}})
             rows = t[: int(body.get("truncate_size", 100))] if t.dim() else t

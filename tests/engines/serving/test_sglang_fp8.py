@@ -20,6 +20,7 @@ import torch
 from miles_engine.engines.fleet.build import check_precision, create_kinds, start_fleet
 from miles_engine.engines.fleet.config import EngineGroupConfig
 from miles_engine.engines.fleet.kinds import FleetContext
+from miles_engine.engines.fp8_checkpoint import fused_scale_rows
 from miles_engine.engines.held import fp8_wire_specs
 from miles_engine.engines.protocol import TensorMeta
 from miles_engine.engines.sglang import SGLangLaunchConfig, SGLangServer
@@ -65,6 +66,10 @@ def test_fp8_wire_names_are_the_checkpoints() -> None:
                                            ["uint8", "float32", "bfloat16"], [[128, 64], [1, 1], [64]], meta)
     assert names == ["m.o_proj.weight", "m.o_proj.weight_scale_inv", "m.norm.weight"]
     assert dtypes == ["float8_e4m3fn", "float32", "bfloat16"] and shapes == [[128, 64], [1, 1], [64]]
+    # a fused part's tile scales, read back out of the fused parameter (SmolLM2's q / k / v rows)
+    shapes = {"m.q_proj.weight": (576, 576), "m.k_proj.weight": (192, 576), "m.v_proj.weight": (192, 576)}
+    assert fused_scale_rows("m.k_proj.weight", shapes) == ("m.qkv_proj.weight_scale_inv", 5, 2, 9)
+    assert fused_scale_rows("m.o_proj.weight", shapes) is None
 
 
 def _trained(model: torch.nn.Module, seed: int) -> torch.nn.Module:
@@ -135,14 +140,14 @@ def test_the_kind_serves_the_fp8_checkpoint_and_pushes_codes_and_scales(fake_env
 
 
 @pytest.mark.timeout(180)
-def test_the_check_names_an_fp8_weight_whose_scales_the_server_changed(fake_env: dict[str, str],  # noqa: F811
+def test_the_check_names_the_fused_part_whose_scales_the_server_changed(fake_env: dict[str, str],  # noqa: F811
                                                                        tmp_path: Path) -> None:
     from miles_engine.engines.fp8_checkpoint import held_metadata, save_fp8_policy
 
     policy = build_causal_lm(TINY, torch.device("cpu"), 0)
     directory = save_fp8_policy(policy, tmp_path / "fp8", [QKV], "sglang")
-    down = "model.layers.0.mlp.down_proj.weight"
-    env = {**fake_env, "FAKE_SGLANG_CORRUPT": scale_name(down)}
+    up = "model.layers.0.mlp.up_proj.weight"  # the second part of a fused layer: its tiles come second
+    env = {**fake_env, "FAKE_SGLANG_CORRUPT": scale_name(up)}
     trainer = _trained(policy, 3)
 
     async def main() -> None:
@@ -154,7 +159,7 @@ def test_the_check_names_an_fp8_weight_whose_scales_the_server_changed(fake_env:
                                                           timeout_s=60, group_name="sglang-corrupt"),
                                          engine, CheckOptions())
             with pytest.raises(WeightCheckError, match=rf"on sglang-fp8 \(get_weights_by_name\), 1 of \d+ tensors: "
-                                                       rf"'{down}' differs, max abs diff"):
+                                                       rf"'{up}' differs, max abs diff"):
                 await transport.push(list(trainer.named_parameters()), version=1)
             await transport.close()
         finally:
