@@ -171,4 +171,34 @@ PY
 fi
 # ---------------------------------------------------------------- end section: precision
 
+# ---------------------------------------------------------------- section: fp8-serving
+# Issue 30: "full-precision train + FP8 serve" on CUDA servers: tiny-terminal, 3 RL steps from scratch,
+# the run writing the FP8 checkpoint, every push (codes as float8 + weight_scale_inv over NCCL) read
+# back equal, the train-rollout log-prob gap bounded. vLLM needs a CUDA vLLM environment at
+# MILES_VLLM_PYTHON (the bridge travels with the repository); SGLang needs `import sglang` here. A
+# server that is not installed is reported and skipped, not failed: these are the paths no CPU
+# box can run (SGLang on CPU is refused: gloo cannot carry float8).
+if [ -z "${SECTIONS}" ] || want fp8-serving; then
+  fp8=(run.steps=3 run.max_minutes=null metrics.progress=false sft.enabled=false precision.rollout=fp8
+       "precision.exceptions=['*.self_attn.[qkv]_proj.weight']" precision.max_logprob_gap=0.5
+       weights.transport=broadcast weights.check_update_equal=true rollout.mode=sync trainer.parallel.device=cuda)
+  if [ -n "${MILES_VLLM_PYTHON:-}" ] && "${MILES_VLLM_PYTHON}" -c "import vllm, torch; assert torch.cuda.is_available()"; then
+    echo "== fp8-serving: vLLM (CUDA)"
+    out=$(mktemp -d)
+    timeout "${GPU_CHECK_RUN_TIMEOUT_S:-600}" python -m miles_engine.cli.main train tiny-terminal "${fp8[@]}" \
+      "engines=[{kind: vllm, device: cuda, dtype: bfloat16}]" "run.out_dir=${out}" run.name=vllm-fp8 || failed=1
+  else
+    echo "== fp8-serving: vLLM skipped (no CUDA vLLM at MILES_VLLM_PYTHON)"
+  fi
+  if python -c "import sglang" 2>/dev/null; then
+    echo "== fp8-serving: SGLang (CUDA)"
+    out=$(mktemp -d)
+    timeout "${GPU_CHECK_RUN_TIMEOUT_S:-600}" python -m miles_engine.cli.main train tiny-terminal "${fp8[@]}" \
+      "engines=[{kind: sglang, device: cuda, dtype: bfloat16}]" "run.out_dir=${out}" run.name=sglang-fp8 || failed=1
+  else
+    echo "== fp8-serving: SGLang skipped (not installed)"
+  fi
+fi
+# ---------------------------------------------------------------- end section: fp8-serving
+
 exit "${failed}"

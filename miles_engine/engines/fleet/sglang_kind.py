@@ -35,9 +35,11 @@ class SGLangKind:
 
         o = self.options
         model = o.model_path or (ctx.model if isinstance(ctx.model, str) else None)
-        held = None  # SGLang does not publish what it holds: under fp8 the checkpoint says
+        held, extra = None, list(o.extra_args)  # SGLang does not publish what it holds: under fp8 the checkpoint says
         if ctx.weight_format == "fp8":  # the policy as an instance or a spec is written as a checkpoint here
             model, held = await asyncio.to_thread(fp8_policy, o.model_path, ctx)
+            if not o.model_path and "--skip-tokenizer-init" not in extra:
+                extra.append("--skip-tokenizer-init")  # the written checkpoint has no tokenizer: we send token ids
         if model is None:
             raise ConfigError(f"engine group '{name}' (kind sglang) needs a model directory: set model.path or "
                               f"engines.N.options.model_path (SGLang loads Hugging Face directories)")
@@ -52,7 +54,7 @@ class SGLangKind:
             cfg = SGLangLaunchConfig(model_path=model, tp_size=o.tp_size, dp_size=o.dp_size, ep_size=o.ep_size,
                                      dtype=group.dtype, mem_fraction_static=o.mem_fraction_static,
                                      speculative=o.speculative,
-                                     extra_args=o.extra_args, env=env, start_timeout_s=o.start_timeout_s,
+                                     extra_args=extra, env=env, start_timeout_s=o.start_timeout_s,
                                      log_path=ctx.state_dir / f"{name}-{i}.log")
             server = SGLangServer(cfg, name=f"{name}-{i}", moe_shape=ctx.routed_experts_shape(), held=held)
             stack.push_async_callback(server.stop)

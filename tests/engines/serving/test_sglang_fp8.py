@@ -102,7 +102,7 @@ def test_the_kind_serves_the_fp8_checkpoint_and_pushes_codes_and_scales(fake_env
             [engine] = [slot.engine for slot in router.slots]
             argv = json.loads((rec / "argv.json").read_text())
             served = Path(argv[argv.index("--model-path") + 1])
-            assert served == tmp_path / "engines" / "sglang-model-fp8"
+            assert served == tmp_path / "engines" / "sglang-model-fp8" and "--skip-tokenizer-init" in argv
             quant = json.loads((served / "config.json").read_text())["quantization_config"]
             assert quant["quant_method"] == "fp8" and quant["weight_block_size"] == [128, 128]
             meta = {m.name: m for m in engine.weight_metadata()}
