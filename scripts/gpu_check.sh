@@ -182,21 +182,21 @@ if [ -z "${SECTIONS}" ] || want fp8-serving; then
   fp8=(run.steps=3 run.max_minutes=null metrics.progress=false sft.enabled=false precision.rollout=fp8
        "precision.exceptions=['*.self_attn.[qkv]_proj.weight']" precision.max_logprob_gap=0.5
        weights.transport=broadcast weights.check_update_equal=true rollout.mode=sync trainer.parallel.device=cuda)
-  if [ -n "${MILES_VLLM_PYTHON:-}" ] && "${MILES_VLLM_PYTHON}" -c "import vllm, torch; assert torch.cuda.is_available()"; then
-    echo "== fp8-serving: vLLM (CUDA)"
-    out=$(mktemp -d)
+  fp8_serve() {  # name, engines list
+    echo "== fp8-serving: $1 (CUDA)"
+    local out; out=$(mktemp -d)
     timeout "${GPU_CHECK_RUN_TIMEOUT_S:-600}" python -m miles_engine.cli.main train tiny-terminal "${fp8[@]}" \
-      "engines=[{kind: vllm, device: cuda, dtype: bfloat16}]" "run.out_dir=${out}" run.name=vllm-fp8 || failed=1
+      "engines=$2" "run.out_dir=${out}" "run.name=$1-fp8" || failed=1
+  }
+  if [ -n "${MILES_VLLM_PYTHON:-}" ] && "${MILES_VLLM_PYTHON}" -c "import vllm, torch; assert torch.cuda.is_available()"; then
+    fp8_serve vllm "[{kind: vllm, device: cuda, dtype: bfloat16}]"
   else
-    echo "== fp8-serving: vLLM skipped (no CUDA vLLM at MILES_VLLM_PYTHON)"
+    echo "== fp8-serving: vllm skipped (no CUDA vLLM at MILES_VLLM_PYTHON)"
   fi
   if python -c "import sglang" 2>/dev/null; then
-    echo "== fp8-serving: SGLang (CUDA)"
-    out=$(mktemp -d)
-    timeout "${GPU_CHECK_RUN_TIMEOUT_S:-600}" python -m miles_engine.cli.main train tiny-terminal "${fp8[@]}" \
-      "engines=[{kind: sglang, device: cuda, dtype: bfloat16}]" "run.out_dir=${out}" run.name=sglang-fp8 || failed=1
+    fp8_serve sglang "[{kind: sglang, device: cuda, dtype: bfloat16}]"
   else
-    echo "== fp8-serving: SGLang skipped (not installed)"
+    echo "== fp8-serving: sglang skipped (not installed)"
   fi
 fi
 # ---------------------------------------------------------------- end section: fp8-serving

@@ -63,6 +63,27 @@ def fused_group_problems(shapes: Mapping[str, tuple[int, ...]], quantised: Itera
     return problems
 
 
+RECEIVED_FORMATS = ("full", "fp8")
+
+
+def server_refusal(kind: str, weight_format: str, kv_cache: str, dtype: str, *, formats_why: str,
+                   kv_flag: str) -> str | None:
+    """Why a ``kind`` server (vllm, sglang) cannot keep this precision contract (None: it can): it
+    receives the FP8 checkpoint's weights with bfloat16 activations, and no FP8 KV cache of ours."""
+    server = SERVERS[kind]
+    if weight_format not in RECEIVED_FORMATS:
+        return (f"precision.rollout={weight_format!r}: {kind} engines receive {', '.join(RECEIVED_FORMATS)} "
+                f"({formats_why}); kinds embedded and server hold every format")
+    if kv_cache != "full":
+        return (f"precision.kv_cache={kv_cache!r}: {server}'s FP8 KV cache ({kv_flag}) scales a whole layer's keys "
+                f"and values with one number, not the contract's scale per token and head, so it would attend over "
+                f"other values; kinds embedded and server hold it")
+    if weight_format == "fp8" and dtype != "bfloat16":
+        return (f"precision.rollout='fp8' with dtype {dtype!r}: {server}'s FP8 linear kernels take bfloat16 "
+                f"activations; set the group's dtype to bfloat16")
+    return None
+
+
 def fused_scale_rows(name: str, shapes: Mapping[str, tuple[int, ...]]) -> tuple[str, int, int, int] | None:
     """Where part ``name`` of a fused layer finds its tile scales once fused (the server holds one
     ``<owner>.qkv_proj.weight_scale_inv``, the parts' tiles stacked in order): that name, the

@@ -90,7 +90,7 @@ def loaded(tmp_path, **sections) -> RecipeConfig:
     ({"rollout": "mxfp8"}, {"kind": "vllm", "dtype": "bfloat16"},
      r"engines.0.kind='vllm': precision.rollout='mxfp8': vllm engines receive full, fp8"),
     ({"rollout": "fp8", "kv_cache": "fp8"}, {"kind": "vllm", "dtype": "bfloat16"},
-     r"precision.kv_cache='fp8': vLLM's FP8 KV cache scales a whole layer"),
+     r"precision.kv_cache='fp8': vLLM's FP8 KV cache \(--kv-cache-dtype fp8\) scales a whole layer"),
     ({"rollout": "fp8"}, {"kind": "vllm"}, r"dtype 'float32': vLLM's FP8 linear kernels take bfloat16"),
 ])
 def test_engine_kinds_refuse_a_contract_they_cannot_hold_at_load(tmp_path, precision, engine, why):

@@ -62,28 +62,20 @@ class SGLangKind:
         return list(await asyncio.gather(*(s.start() for s in servers)))
 
 
-RECEIVED_FORMATS = ("full", "fp8")
-
-
 def precision_refusal(weight_format: str, kv_cache: str, group: EngineGroupConfig) -> str | None:
     """Why an sglang engine group cannot keep this precision contract (None: it can)."""
-    if weight_format not in RECEIVED_FORMATS:
-        return (f"precision.rollout={weight_format!r}: sglang engines receive {', '.join(RECEIVED_FORMATS)} (SGLang "
-                f"loads fine-grained FP8 checkpoints as the quantizer writes them; its MXFP8 / NVFP4 (ModelOpt) "
-                f"paths quantise activations too and read other layouts, its INT4 schemes round by other rules); "
-                f"kinds embedded and server hold every format")
-    if kv_cache != "full":
-        return (f"precision.kv_cache={kv_cache!r}: SGLang's FP8 KV cache (--kv-cache-dtype fp8_e4m3) scales a whole "
-                f"layer's keys and values with one number, not the contract's scale per token and head; kinds "
-                f"embedded and server hold it")
-    if weight_format == "fp8" and group.dtype != "bfloat16":
-        return (f"precision.rollout='fp8' with dtype {group.dtype!r}: SGLang's FP8 linear kernels take bfloat16 "
-                f"activations; set the group's dtype to bfloat16")
-    if weight_format == "fp8" and not group.device.startswith("cuda"):
-        return ("precision.rollout='fp8' on device cpu: SGLang receives each pushed tensor in its own dtype over "
-                "the weight-sync group, and gloo (the CPU backend) cannot carry float8_e4m3fn (torch: Invalid "
-                "scalar type); NCCL can: put the group on cuda")
-    return None
+    from miles_engine.engines.fp8_checkpoint import server_refusal
+
+    why = server_refusal(
+        "sglang", weight_format, kv_cache, group.dtype, kv_flag="--kv-cache-dtype fp8_e4m3",
+        formats_why="SGLang loads fine-grained FP8 checkpoints as the quantizer writes them; its MXFP8 / NVFP4 "
+                    "(ModelOpt) paths quantise activations too and read other layouts, its INT4 schemes round by "
+                    "other rules")
+    if why is None and weight_format == "fp8" and not group.device.startswith("cuda"):
+        why = ("precision.rollout='fp8' on device cpu: SGLang receives each pushed tensor in its own dtype over "
+               "the weight-sync group, and gloo (the CPU backend) cannot carry float8_e4m3fn (torch: Invalid "
+               "scalar type); NCCL can: put the group on cuda")
+    return why
 
 
 def fp8_policy(model_path: str | None, ctx: FleetContext) -> tuple[str, list[Any]]:

@@ -169,24 +169,15 @@ class VllmKind:
         return engines
 
 
-RECEIVED_FORMATS = ("full", "fp8")
-
-
 def precision_refusal(weight_format: str, kv_cache: str, dtype: str) -> str | None:
     """Why a vllm engine group cannot keep this precision contract (None: it can)."""
-    if weight_format not in RECEIVED_FORMATS:
-        return (f"precision.rollout={weight_format!r}: vllm engines receive {', '.join(RECEIVED_FORMATS)} (vLLM loads "
-                f"fine-grained FP8 checkpoints as the quantizer writes them and computes them on CPU and CUDA; its "
-                f"NVFP4 (ModelOpt) and MXFP8 kernels are CUDA-only and not wired to the contract, its INT4 schemes "
-                f"(GPTQ / AWQ) round by other rules); kinds embedded and server hold every format")
-    if kv_cache != "full":
-        return (f"precision.kv_cache={kv_cache!r}: vLLM's FP8 KV cache scales a whole layer's keys and values "
-                f"with one number (--kv-cache-dtype fp8), not the contract's scale per token and head, so it would "
-                f"attend over other values; kinds embedded and server hold it")
-    if weight_format == "fp8" and dtype != "bfloat16":
-        return (f"precision.rollout='fp8' with dtype {dtype!r}: vLLM's FP8 linear kernels take bfloat16 activations "
-                f"(its CPU kernel refuses float32); set the group's dtype to bfloat16")
-    return None
+    from miles_engine.engines.fp8_checkpoint import server_refusal
+
+    return server_refusal(
+        "vllm", weight_format, kv_cache, dtype, kv_flag="--kv-cache-dtype fp8",
+        formats_why="vLLM loads fine-grained FP8 checkpoints as the quantizer writes them and computes them on CPU "
+                    "(AMX, bfloat16 activations) and CUDA; its NVFP4 (ModelOpt) and MXFP8 kernels are CUDA-only and "
+                    "quantise activations too, its INT4 schemes (GPTQ / AWQ) round by other rules")
 
 
 def refuse_precision(group: EngineGroupConfig, name: str, ctx: FleetContext) -> None:
