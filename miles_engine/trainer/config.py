@@ -242,10 +242,7 @@ class TrainerConfig(Section):
     def _quantisation_aware(self) -> TrainerConfig:
         if self.weight_format == "full":
             return self
-        for key, ok, why in (("megatron.tensor_parallel", self.backend != "megatron" or self.megatron.tensor_parallel
-                              == 1, "each rank would quantise a shard of weights whose blocks and scales span the "
-                              "whole weight (use tensor_parallel=1; data and pipeline parallel are fine)"),
-                             ("lora.enabled", not self.lora.enabled, "the engine would quantise the merged W + BA, "
+        for key, ok, why in (("lora.enabled", not self.lora.enabled, "the engine would quantise the merged W + BA, "
                               "the trainer W alone"),
                              ("true_on_policy", not self.true_on_policy, "batch-invariant kernels replace the "
                               "linear layers the fake quantisation wraps")):

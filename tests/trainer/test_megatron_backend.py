@@ -181,22 +181,24 @@ def test_tp2_sequence_parallel_equals_the_torch_backend_moe_with_r3() -> None:
             tensor_parallel=2, sequence_parallel=True)
 
 
-@pytest.mark.parametrize("fmt,exceptions", [("fp8", []), ("nvfp4", ["model.layers.1.mlp.*"])])
-def test_tp1_quantisation_aware_training_equals_the_torch_backend(fmt, exceptions) -> None:
+@pytest.mark.parametrize("fmt,exceptions,tp", [("fp8", [], 1), ("fp8", [], 2), ("nvfp4", ["model.layers.1.mlp.*"], 2)])
+def test_quantisation_aware_training_equals_the_torch_backend(fmt, exceptions, tp) -> None:
     """precision.train on Megatron: its fused linear_qkv / linear_fc1 are split back into the Hugging
     Face weights, each fake-quantised under its own name (FP8's 128x128 tiles, NVFP4's per-tensor
     scale belong to each weight; the exceptions read those names) and fused again: the same step as
-    the torch backend's QAT, which computes visibly otherwise than full precision."""
+    the torch backend's QAT, which computes visibly otherwise than full precision. At TP 2 every
+    tile of TINY's weights straddles the two ranks' shards and NVFP4's scale is the whole weight's:
+    each rank quantises the gathered weight, so the step is still the one-process step."""
     cfg = {"weight_format": fmt, "weight_exceptions": exceptions}
     full = TorchTrainer(dict(TINY), BASE).sft_step(SFT_ROWS)["loss"]
     quantised = TorchTrainer(dict(TINY), {**BASE, **cfg}).sft_step(SFT_ROWS)["loss"]
     assert abs(full - quantised) > 100 * TOL, (full, quantised)
-    _parity(dict(TINY), 1, cfg)
+    _parity(dict(TINY), tp, cfg, tensor_parallel=tp)
 
 
-def test_quantisation_aware_training_under_megatron_tensor_parallel_is_refused() -> None:
+def test_quantisation_aware_training_of_a_megatron_moe_is_refused() -> None:
     from miles_engine.errors import ConfigError
-    from miles_engine.trainer.config import TrainerConfig
 
-    with pytest.raises(ConfigError, match=r"trainer.megatron.tensor_parallel=2: each rank would quantise a shard"):
-        TrainerConfig.load({"backend": "megatron", "megatron": {"tensor_parallel": 2}, "weight_format": "fp8"})
+    with pytest.raises(ConfigError, match=r"weight_format='fp8' \(precision.train\) on a MoE model with the megatron "
+                                          r"backend: its router"):
+        create_trainer(dict(MOE), {**BASE, "weight_format": "fp8", "backend": "megatron"}, world_size=1)

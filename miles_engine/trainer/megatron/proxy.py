@@ -72,10 +72,11 @@ class MegatronTrainerProxy(FSDPTrainer):
             raise ConfigError("MegatronTrainerProxy needs trainer.backend=megatron")
         world = world_size or cfg.parallel.world_size
         m = cfg.megatron
-        self.dp = m.check(world, model_shape(model))
+        shape = model_shape(model)
+        self.dp = m.check(world, shape)
         from miles_engine.trainer.megatron.trainer import check_supported
 
-        check_supported(cfg)
+        check_supported(cfg, shape)
         self.tp, self.pp = m.tensor_parallel, m.pipeline_parallel
         super().__init__(model, cfg, world_size=world, ranks=ranks)
 

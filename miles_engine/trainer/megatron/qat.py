@@ -6,10 +6,15 @@ Megatron fuses the Hugging Face linear layers (``q/k/v`` per query group into ``
 weight (FP8's 128x128 tiles, NVFP4's per-tensor scale). So each fused weight is split back into its
 Hugging Face parts in the forward, each part fake-quantised under its own name (the exception list
 read by those names), and fused again -- differentiable reshapes around the straight-through
-quantizer: the gradient reaches the Megatron parameter unchanged. Tensor parallelism would hand
-each rank a shard of a weight whose blocks and scales span the whole (refused); MoE experts are
-not ``nn.Linear`` in the Hugging Face model and stay in high precision there, while the router is
-(refused rather than left out of one stage).
+quantizer: the gradient reaches the Megatron parameter unchanged.
+
+Under tensor parallelism a rank holds a shard of each weight, whose blocks and scales span the
+whole (NVFP4's per-tensor scale, FP8 tiles straddling a shard edge): each rank gathers the
+layer's whole weight (an all-gather per linear layer per forward, the size of the weight), fake-
+quantises it exactly as with one rank, and computes with its own shard of the result; its
+gradient is that shard's (the other ranks' shards are other ranks' outputs), so the step equals
+the one-rank step. MoE experts are not ``nn.Linear`` in the Hugging Face model and stay in high
+precision there, while the router is (refused rather than left out of one stage).
 """
 
 from __future__ import annotations
@@ -29,14 +34,8 @@ from miles_engine.trainer.megatron import hf_mapping as hm
 def apply(gpt: Any, shape: Any, layout: hm.RankLayout, fmt: str, exceptions: Iterable[str] = ()) -> list[str]:
     """Fake-quantise the forward of this rank's decoder linear layers; returns the Hugging Face
     names of the weights quantised."""
-    if layout.tp > 1 or layout.etp > 1:
-        raise ConfigError(f"trainer.weight_format={fmt!r} (precision.train) with megatron.tensor_parallel="
-                          f"{layout.tp}: each rank would quantise a shard of weights whose {fmt} blocks and scales "
-                          f"span the whole weight; use tensor_parallel=1 (data and pipeline parallel are fine)")
     if shape.moe:
-        raise ConfigError(f"trainer.weight_format={fmt!r} (precision.train) on a MoE model with the megatron "
-                          f"backend: its router is quantised by the other stages but computed by Megatron outside a "
-                          f"linear layer; use trainer.backend=torch")
+        raise ConfigError(moe_refusal(fmt))
     exceptions = tuple(exceptions)
     quantised: dict[str, tuple[int, ...]] = {}
     plan: list[tuple[Any, Callable[[Tensor], Tensor]]] = []
@@ -44,6 +43,7 @@ def apply(gpt: Any, shape: Any, layout: hm.RankLayout, fmt: str, exceptions: Ite
     def part(t: Tensor, name: str) -> Tensor:
         return t if is_exception(name, exceptions) else fake_quantize(t, fmt, name)
 
+    shards = Shards(layout.tp, layout.tp_rank, _tp_group() if layout.tp > 1 else None)
     layers = gpt.decoder.layers
     for local, i in enumerate(layout.layers(shape.layers)):
         a, layer = f"model.layers.{i}.", layers[local]
@@ -51,14 +51,15 @@ def apply(gpt: Any, shape: Any, layout: hm.RankLayout, fmt: str, exceptions: Ite
         q, k, v, o = (f"{a}self_attn.{p}_proj.weight" for p in "qkvo")
         gate, up, down = (f"{a}mlp.{p}_proj.weight" for p in ("gate", "up", "down"))
         qkv_rows = (shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.kv_heads * shape.head_dim)
-        fc1_rows, cols = mlp.linear_fc1.weight.shape[0] // 2, shape.hidden
-        layer_parts = [
+        fc1_rows, cols = mlp.linear_fc1.weight.shape[0] // 2 * layout.tp, shape.hidden
+        inner = mlp.linear_fc2.weight.shape[1] * layout.tp
+        layer_parts = [  # each quantises the whole Hugging Face weights of this rank's shard
             (attn.linear_qkv, {q: (qkv_rows[0], cols), k: (qkv_rows[1], cols), v: (qkv_rows[2], cols)},
-             lambda w, names=(q, k, v): hm._fuse_qkv(*map(part, hm._split_qkv(w, shape), names), shape)),
-            (attn.linear_proj, {o: tuple(attn.linear_proj.weight.shape)}, lambda w, o=o: part(w, o)),
+             shards.rows(lambda w, names=(q, k, v): hm._fuse_qkv(*map(part, hm._split_qkv(w, shape), names), shape))),
+            (attn.linear_proj, {o: (cols, qkv_rows[0])}, shards.cols(lambda w, o=o: part(w, o))),
             (mlp.linear_fc1, {gate: (fc1_rows, cols), up: (fc1_rows, cols)},
-             lambda w, names=(gate, up): torch.cat(list(map(part, w.chunk(2, dim=0), names)), dim=0)),
-            (mlp.linear_fc2, {down: tuple(mlp.linear_fc2.weight.shape)}, lambda w, d=down: part(w, d)),
+             shards.gated(lambda g, u, names=(gate, up): (part(g, names[0]), part(u, names[1])))),
+            (mlp.linear_fc2, {down: (cols, inner)}, shards.cols(lambda w, d=down: part(w, d))),
         ]
         for module, shapes, quantise in layer_parts:
             chosen = {n: s for n, s in shapes.items() if not is_exception(n, exceptions)}
@@ -80,3 +81,62 @@ def _wrap(module: Any, quantise: Callable[[Tensor], Tensor]) -> None:
         return impl(input, quantise(weight), *args, **kwargs)
 
     module._forward_impl = forward_impl
+
+
+def moe_refusal(fmt: str) -> str:
+    return (f"trainer.weight_format={fmt!r} (precision.train) on a MoE model with the megatron backend: its router "
+            f"is quantised by the other stages but computed by Megatron outside a linear layer; use "
+            f"trainer.backend=torch")
+
+
+def _tp_group() -> Any:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_tensor_model_parallel_group()
+
+
+class _Gather(torch.autograd.Function):
+    """The whole weight from every rank's shard along ``dim``; the gradient of this rank's shard is
+    its own slice (each rank computes with its own shard of whatever is built from the whole)."""
+
+    @staticmethod
+    def forward(ctx: Any, shard: Tensor, dim: int, world: int, rank: int, group: Any) -> Tensor:
+        import torch.distributed as dist
+
+        parts = [torch.empty_like(shard) for _ in range(world)]
+        dist.all_gather(parts, shard.contiguous(), group=group)
+        ctx.dim, ctx.rank, ctx.size = dim, rank, shard.shape[dim]
+        return torch.cat(parts, dim=dim)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, ...]:
+        return grad.narrow(ctx.dim, ctx.rank * ctx.size, ctx.size), None, None, None, None
+
+
+class Shards:
+    """Lifts a whole-weight quantisation to a tensor-parallel rank's shard (identity at TP 1)."""
+
+    def __init__(self, world: int, rank: int, group: Any) -> None:
+        self.world, self.rank, self.group = world, rank, group
+
+    def _whole(self, shard: Tensor, dim: int) -> Tensor:
+        return shard if self.world == 1 else _Gather.apply(shard, dim, self.world, self.rank, self.group)
+
+    def _mine(self, whole: Tensor, dim: int) -> Tensor:
+        return whole if self.world == 1 else whole.chunk(self.world, dim=dim)[self.rank]
+
+    def rows(self, quantise: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+        """A column-parallel weight (split by rows: ``linear_qkv`` by query groups)."""
+        return lambda w: self._mine(quantise(self._whole(w, 0)), 0)
+
+    def cols(self, quantise: Callable[[Tensor], Tensor]) -> Callable[[Tensor], Tensor]:
+        """A row-parallel weight (split by columns: ``linear_proj``, ``linear_fc2``)."""
+        return lambda w: self._mine(quantise(self._whole(w, 1)), 1)
+
+    def gated(self, quantise: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]) -> Callable[[Tensor], Tensor]:
+        """``linear_fc1``: each rank holds ``[gate shard; up shard]``."""
+        def apply(w: Tensor) -> Tensor:
+            pieces = [p.chunk(2, dim=0) for p in self._whole(w, 0).chunk(self.world, dim=0)]
+            gate, up = quantise(torch.cat([g for g, _ in pieces]), torch.cat([u for _, u in pieces]))
+            return torch.cat([self._mine(gate, 0), self._mine(up, 0)], dim=0)
+        return apply

@@ -23,7 +23,7 @@ from miles_engine.errors import ConfigError
 from miles_engine.trainer.config import TrainerConfig
 from miles_engine.trainer.megatron import cpu_compat, dist_checkpoint, pipeline, state
 from miles_engine.trainer.megatron import hf_mapping as hm
-from miles_engine.trainer.megatron.gpt import HFCausalLM, build_gpt, shape_of
+from miles_engine.trainer.megatron.gpt import HFCausalLM, ModelShape, build_gpt, shape_of
 from miles_engine.trainer.megatron.pipeline import last_stage_metrics, reduce_tied_embedding_grads
 from miles_engine.trainer.models import ValueHead, build_causal_lm
 from miles_engine.trainer.optim import build_optimizer
@@ -47,8 +47,12 @@ def init_parallel(cfg: TrainerConfig) -> None:
     model_parallel_cuda_manual_seed(cfg.seed)
 
 
-def check_supported(cfg: TrainerConfig) -> None:
+def check_supported(cfg: TrainerConfig, shape: ModelShape | None = None) -> None:
     """What the backend does not run yet, refused before any rank starts (one error)."""
+    if cfg.weight_format != "full" and shape is not None and shape.moe:
+        from miles_engine.trainer.megatron.qat import moe_refusal
+
+        raise ConfigError(moe_refusal(cfg.weight_format))
     if cfg.algorithm.advantage_estimator == "ppo" and cfg.value.kind == "separate":
         raise ConfigError("trainer.backend=megatron supports the PPO value head (trainer.value.kind=head), "
                           "not a separate critic")
