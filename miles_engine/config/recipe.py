@@ -183,6 +183,7 @@ class RecipeConfig(Section):
     @model_validator(mode="after")
     def _p2p_sources(self) -> RecipeConfig:
         # p2p's sources gather the torch trainer's HF-named tensors; quantised engines take their parts by broadcast
+        # or disk_delta
         if self.weights.transport != "p2p":
             return self
         if self.trainer.backend != "torch":
@@ -190,7 +191,7 @@ class RecipeConfig(Section):
                              f"its sources are the torch trainer's ranks; use weights.transport=broadcast")
         if self.precision.quantised:
             raise ValueError(f"weights.transport='p2p' ships full-precision tensors; precision.rollout="
-                             f"{self.precision.rollout!r} needs weights.transport=broadcast (or colocated)")
+                             f"{self.precision.rollout!r} needs weights.transport=broadcast, disk_delta or colocated")
         return self
 
     @model_validator(mode="after")

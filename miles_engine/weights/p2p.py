@@ -180,7 +180,7 @@ class P2PTransport(TransportBase):
             where = f"p2p push to {engine_name(engine, index)}"
             if m.format:
                 raise WeightPushError(f"{where}: {name!r} is held in {m.format}; p2p ships full-precision tensors "
-                                      f"(quantised engines take weights.transport=broadcast)")
+                                      f"(quantised engines take weights.transport=broadcast or disk_delta)")
             if tuple(shape) != tuple(m.shape):
                 raise WeightPushError(f"{where}: {name!r} has shape {tuple(shape)}, the engine's is {tuple(m.shape)}")
             mine, theirs = parse_dtype(dtype), parse_dtype(m.dtype)

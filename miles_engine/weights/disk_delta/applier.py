@@ -110,10 +110,11 @@ class DeltaApplier:
                 stats.tensors = len(overlay)
                 stats.wire_bytes = sum(p.wire_bytes for p in pulled) + sum(
                     (version_dir(self.root, p.index.version) / INDEX).stat().st_size for p in pulled)
+            source = {**self.state, **overlay}
             if self.reload:  # a restarted (or otherwise reloaded) engine: load the whole version
-                names, source = list(self.state), {**self.state, **overlay}
+                names = list(self.state)
             else:  # a version that changed nothing still moves the version: reload one unchanged tensor
-                names, source = list(overlay) or [next(iter(self.state))], overlay or self.state
+                names = with_sibling_parts(list(overlay) or [next(iter(self.state))], source)
             stats.pause_s = await self._activate(names, source, target)
             self.reload = False
             self.state.update(overlay)
@@ -142,3 +143,15 @@ class DeltaApplier:
 
     def close(self) -> None:
         drop_lease(self.root, self.name)
+
+
+def with_sibling_parts(names: list[str], source: dict[str, Any]) -> list[str]:
+    """``names`` and every other part of a quantised weight one of them is a part of: an engine
+    loads a weight's codes and scales together (a delta may change only one of them)."""
+    from miles_engine.precision.parts import split_name
+
+    weights = {split[0] for n in names if (split := split_name(n))}
+    if not weights:
+        return names
+    chosen = set(names)
+    return names + [n for n in source if n not in chosen and (split := split_name(n)) and split[0] in weights]

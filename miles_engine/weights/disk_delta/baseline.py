@@ -38,6 +38,13 @@ def _files(path: Path) -> list[Path]:
     return files
 
 
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Every tensor of a safetensors checkpoint (a file or a directory of them)."""
+    from safetensors.torch import load_file
+
+    return {n: t for f in _files(path) for n, t in load_file(str(f)).items()}
+
+
 def materialise(root: Path, checksum_fmt: str, *, source: Path | None = None,
                 tensors: Mapping[str, Any] | None = None) -> VersionIndex:
     """Write version 0 from a checkpoint path or from tensors; index written last."""

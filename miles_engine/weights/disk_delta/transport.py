@@ -1,6 +1,11 @@
 """``disk_delta``: publish each weight version as a verified patch under a shared directory;
 engines pull and apply it.
 
+Engines that hold weights in a quantised format (the precision contract's rollout stage) get them
+as the quantizer's codes and scales (``W:q.codes``, ``W:q.scales``, quantised here once from the
+trainer's values): the baseline, every version and the engines' copies hold the parts, so a push
+carries one byte per FP8 code instead of four, and the engine loads exactly the trainer's parts.
+
 Per push: check the tensors against the baseline (names, dtypes, shapes, byte sizes) → write
 the version (per-tensor byte diffs against the previous version, zstandard, checksums of the
 final bytes, index last) → every engine syncs (pull + patch + verify while generating, then a
@@ -68,6 +73,17 @@ class DiskDeltaTransport:
         # per engine: a DeltaApplier in this process, or a RemoteDeltaSync (the engine server pulls itself)
         self.appliers: dict[int, DeltaApplier | RemoteDeltaSync] = {}
         self._warned_missing = False
+        # what the engines hold, where some of it is quantised (pushes then ship codes + scales)
+        first = engines_of(engines)[0]
+        meta = first.weight_metadata() if hasattr(first, "weight_metadata") else []
+        self.held = list(meta) if any(m.format for m in meta) else []
+
+    def _as_held(self, named: Iterable[tuple[str, Any]], where: str) -> Iterable[tuple[str, Any]]:
+        if not self.held:
+            return named
+        from miles_engine.weights.tensors import conform
+
+        return conform(named, self.held, where)
 
     # ------------------------------------------------------------------ baseline
     def _baseline_tensors(self) -> dict[str, Any]:
@@ -77,13 +93,17 @@ class DiskDeltaTransport:
             raise ConfigError(f"weights.disk_delta.baseline is not set and {engine_name(engine, 0)} "
                               f"({type(engine).__name__}) does not expose its tensors: point baseline at the "
                               f"safetensors checkpoint the engines were started from")
-        return live
+        return dict(self._as_held(live.items(), "disk_delta baseline"))
 
     def _open(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         complete, _ = scan(self.root)
         if 0 in complete:
             self.baseline = read_index(self.root, 0)
+        elif self.options.baseline and self.held:  # the checkpoint's tensors as the engines hold them
+            source = baseline_mod.read_checkpoint(Path(self.options.baseline).expanduser())
+            self.baseline = baseline_mod.materialise(self.root, self.options.checksum,
+                                                     tensors=dict(self._as_held(source.items(), "disk_delta baseline")))
         elif self.options.baseline:
             self.baseline = baseline_mod.materialise(self.root, self.options.checksum,
                                                      source=Path(self.options.baseline).expanduser())
@@ -123,7 +143,8 @@ class DiskDeltaTransport:
     async def preflight(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Check what the trainer exports against the baseline (call before training)."""
         await self._ensure_open()
-        await asyncio.to_thread(baseline_mod.check_exported, named_tensors, self.baseline)
+        await asyncio.to_thread(lambda: baseline_mod.check_exported(
+            self._as_held(named_tensors, "disk_delta preflight"), self.baseline))
 
     async def _appliers(self, engines: list[Any]) -> list[DeltaApplier | RemoteDeltaSync]:
         fresh = []
@@ -164,7 +185,8 @@ class DiskDeltaTransport:
         started = time.perf_counter()
         await self._ensure_open()
         assert self.baseline is not None
-        named = await asyncio.to_thread(baseline_mod.check_exported, named_tensors, self.baseline)
+        named = await asyncio.to_thread(lambda: baseline_mod.check_exported(
+            self._as_held(named_tensors, f"disk_delta push of version {version}"), self.baseline))
         if not named:
             raise DiskDeltaError(f"push of version {version} carries no tensors")
         engines = engines_of(self.targets)
