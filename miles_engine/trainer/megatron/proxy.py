@@ -72,11 +72,10 @@ class MegatronTrainerProxy(FSDPTrainer):
             raise ConfigError("MegatronTrainerProxy needs trainer.backend=megatron")
         world = world_size or cfg.parallel.world_size
         m = cfg.megatron
-        shape = model_shape(model)
-        self.dp = m.check(world, shape)
+        self.dp = m.check(world, model_shape(model))
         from miles_engine.trainer.megatron.trainer import check_supported
 
-        check_supported(cfg, shape)
+        check_supported(cfg)
         self.tp, self.pp = m.tensor_parallel, m.pipeline_parallel
         super().__init__(model, cfg, world_size=world, ranks=ranks)
 

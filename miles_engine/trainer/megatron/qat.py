@@ -13,8 +13,12 @@ whole (NVFP4's per-tensor scale, FP8 tiles straddling a shard edge): each rank g
 layer's whole weight (an all-gather per linear layer per forward, the size of the weight), fake-
 quantises it exactly as with one rank, and computes with its own shard of the result; its
 gradient is that shard's (the other ranks' shards are other ranks' outputs), so the step equals
-the one-rank step. MoE experts are not ``nn.Linear`` in the Hugging Face model and stay in high
-precision there, while the router is (refused rather than left out of one stage).
+the one-rank step.
+
+Which weights are quantised is the Hugging Face model's answer (:func:`~miles_engine.precision.
+targets.quantized_weights`, as in every other stage): on a MoE model the attention layers (and any
+dense MLP layer), not the routed experts or the router, which are no ``nn.Linear`` there. A weight
+the other stages quantise that no Megatron linear layer here computes is one error naming it.
 """
 
 from __future__ import annotations
@@ -27,21 +31,19 @@ from torch import Tensor
 
 from miles_engine.errors import ConfigError
 from miles_engine.precision.quantizer import fake_quantize
-from miles_engine.precision.targets import check_fits, is_exception
+from miles_engine.precision.targets import check_fits
 from miles_engine.trainer.megatron import hf_mapping as hm
 
 
-def apply(gpt: Any, shape: Any, layout: hm.RankLayout, fmt: str, exceptions: Iterable[str] = ()) -> list[str]:
-    """Fake-quantise the forward of this rank's decoder linear layers; returns the Hugging Face
-    names of the weights quantised."""
-    if shape.moe:
-        raise ConfigError(moe_refusal(fmt))
-    exceptions = tuple(exceptions)
+def apply(gpt: Any, shape: Any, layout: hm.RankLayout, fmt: str, targets: Iterable[str]) -> list[str]:
+    """Fake-quantise the forward of this rank's decoder linear layers computing the Hugging Face
+    weights ``targets`` (the contract's choice, exceptions applied); returns those quantised here."""
+    targets = set(targets)
     quantised: dict[str, tuple[int, ...]] = {}
     plan: list[tuple[Any, Callable[[Tensor], Tensor]]] = []
 
     def part(t: Tensor, name: str) -> Tensor:
-        return t if is_exception(name, exceptions) else fake_quantize(t, fmt, name)
+        return fake_quantize(t, fmt, name) if name in targets else t
 
     shards = Shards(layout.tp, layout.tp_rank, _tp_group() if layout.tp > 1 else None)
     layers = gpt.decoder.layers
@@ -51,21 +53,31 @@ def apply(gpt: Any, shape: Any, layout: hm.RankLayout, fmt: str, exceptions: Ite
         q, k, v, o = (f"{a}self_attn.{p}_proj.weight" for p in "qkvo")
         gate, up, down = (f"{a}mlp.{p}_proj.weight" for p in ("gate", "up", "down"))
         qkv_rows = (shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.kv_heads * shape.head_dim)
-        fc1_rows, cols = mlp.linear_fc1.weight.shape[0] // 2 * layout.tp, shape.hidden
-        inner = mlp.linear_fc2.weight.shape[1] * layout.tp
+        cols = shape.hidden
         layer_parts = [  # each quantises the whole Hugging Face weights of this rank's shard
             (attn.linear_qkv, {q: (qkv_rows[0], cols), k: (qkv_rows[1], cols), v: (qkv_rows[2], cols)},
              shards.rows(lambda w, names=(q, k, v): hm._fuse_qkv(*map(part, hm._split_qkv(w, shape), names), shape))),
             (attn.linear_proj, {o: (cols, qkv_rows[0])}, shards.cols(lambda w, o=o: part(w, o))),
-            (mlp.linear_fc1, {gate: (fc1_rows, cols), up: (fc1_rows, cols)},
-             shards.gated(lambda g, u, names=(gate, up): (part(g, names[0]), part(u, names[1])))),
-            (mlp.linear_fc2, {down: (cols, inner)}, shards.cols(lambda w, d=down: part(w, d))),
         ]
+        if hasattr(mlp, "linear_fc1"):  # a dense MLP (a MoE layer's experts and router are no nn.Linear in HF)
+            fc1_rows, inner = mlp.linear_fc1.weight.shape[0] // 2 * layout.tp, mlp.linear_fc2.weight.shape[1] * layout.tp
+            layer_parts += [
+                (mlp.linear_fc1, {gate: (fc1_rows, cols), up: (fc1_rows, cols)},
+                 shards.gated(lambda g, u, names=(gate, up): (part(g, names[0]), part(u, names[1])))),
+                (mlp.linear_fc2, {down: (cols, inner)}, shards.cols(lambda w, d=down: part(w, d))),
+            ]
         for module, shapes, quantise in layer_parts:
-            chosen = {n: s for n, s in shapes.items() if not is_exception(n, exceptions)}
+            chosen = {n: s for n, s in shapes.items() if n in targets}
             if chosen:
                 plan.append((module, quantise))
                 quantised.update(chosen)
+    mine = {n for n in targets if _layer(n) in layout.layers(shape.layers)}
+    if mine - quantised.keys():
+        left = sorted(mine - quantised.keys())
+        raise ConfigError(f"trainer.weight_format={fmt!r} (precision.train): the other stages quantise "
+                          f"{', '.join(left[:5])}{f' and {len(left) - 5} more' if len(left) > 5 else ''}, which no "
+                          f"Megatron linear layer computes here; keep them in high precision (precision.exceptions) "
+                          f"or use trainer.backend=torch")
     check_fits(quantised, fmt)  # every misfit in one error, before any layer changes
     for module, quantise in plan:
         _wrap(module, quantise)
@@ -83,10 +95,9 @@ def _wrap(module: Any, quantise: Callable[[Tensor], Tensor]) -> None:
     module._forward_impl = forward_impl
 
 
-def moe_refusal(fmt: str) -> str:
-    return (f"trainer.weight_format={fmt!r} (precision.train) on a MoE model with the megatron backend: its router "
-            f"is quantised by the other stages but computed by Megatron outside a linear layer; use "
-            f"trainer.backend=torch")
+def _layer(name: str) -> int | None:
+    parts = name.split(".")
+    return int(parts[2]) if len(parts) > 2 and parts[:2] == ["model", "layers"] and parts[2].isdigit() else None
 
 
 def _tp_group() -> Any:

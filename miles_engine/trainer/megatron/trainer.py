@@ -23,7 +23,7 @@ from miles_engine.errors import ConfigError
 from miles_engine.trainer.config import TrainerConfig
 from miles_engine.trainer.megatron import cpu_compat, dist_checkpoint, pipeline, state
 from miles_engine.trainer.megatron import hf_mapping as hm
-from miles_engine.trainer.megatron.gpt import HFCausalLM, ModelShape, build_gpt, shape_of
+from miles_engine.trainer.megatron.gpt import HFCausalLM, build_gpt, shape_of
 from miles_engine.trainer.megatron.pipeline import last_stage_metrics, reduce_tied_embedding_grads
 from miles_engine.trainer.models import ValueHead, build_causal_lm
 from miles_engine.trainer.optim import build_optimizer
@@ -47,12 +47,8 @@ def init_parallel(cfg: TrainerConfig) -> None:
     model_parallel_cuda_manual_seed(cfg.seed)
 
 
-def check_supported(cfg: TrainerConfig, shape: ModelShape | None = None) -> None:
+def check_supported(cfg: TrainerConfig) -> None:
     """What the backend does not run yet, refused before any rank starts (one error)."""
-    if cfg.weight_format != "full" and shape is not None and shape.moe:
-        from miles_engine.trainer.megatron.qat import moe_refusal
-
-        raise ConfigError(moe_refusal(cfg.weight_format))
     if cfg.algorithm.advantage_estimator == "ppo" and cfg.value.kind == "separate":
         raise ConfigError("trainer.backend=megatron supports the PPO value head (trainer.value.kind=head), "
                           "not a separate critic")
@@ -149,10 +145,12 @@ class MegatronTrainer(TorchTrainer):
         self.policy = self._build(hf_state, hf.config)
         if cfg.weight_format != "full":  # quantisation-aware training: the engines' values in the forward
             from miles_engine.precision.quantizer import QuantizeError
+            from miles_engine.precision.targets import quantized_weights
             from miles_engine.trainer.megatron import qat
 
             try:
-                qat.apply(self.policy.gpt, self.shape, self.layout, cfg.weight_format, cfg.weight_exceptions)
+                targets = quantized_weights(hf, cfg.weight_format, cfg.weight_exceptions)
+                qat.apply(self.policy.gpt, self.shape, self.layout, cfg.weight_format, targets)
             except QuantizeError as exc:
                 raise ConfigError(f"trainer.weight_format={cfg.weight_format}: {exc}") from None
         del hf
