@@ -26,10 +26,8 @@ from miles_engine.errors import ConfigError
 from miles_engine.precision import qat
 from miles_engine.precision.diagnose import class_gaps
 from miles_engine.precision.quantizer import QuantizeError
-from miles_engine.trainer import lora
 from miles_engine.rollout.types import Group
-from miles_engine.trainer import prefix, rl_step, step_rows
-from miles_engine.trainer import trainer_state
+from miles_engine.trainer import lora, prefix, rl_step, step_rows, trainer_state
 from miles_engine.trainer.offload import Offloader, for_trainer, resident, state_tensors
 from miles_engine.trainer.batch import MicroBatch, StepBatch, from_groups, from_sft_rows
 from miles_engine.trainer.config import TrainerConfig
@@ -365,13 +363,7 @@ class TorchTrainer:
         process they may share storage with the live weights (copy before the next step). FSDP:
         gathered on rank 0; other ranks yield nothing. ``trainer.lora.push=adapters``: the adapters'
         parts instead of merged weights (an :class:`~miles_engine.models.adapters.AdapterExport`)."""
-        target = _DTYPES[dtype] if dtype else None
-        state = self.comm.model_state(self.policy)  # now (a collective under FSDP), not when iterated
-        if self.config.lora.enabled and self.config.lora.push == "adapters":  # float32: the engine merges them
-            return lora.adapter_export(state, self.config.lora.scaling)  # type: ignore[return-value]
-        if self.config.lora.enabled:
-            state = lora.engine_tensors(state, self.config.lora.scaling)
-        return iter([(name, t.to(target) if target is not None else t) for name, t in state.items()])
+        return trainer_state.named_tensors(self, _DTYPES[dtype] if dtype else None)
 
     @resident
     def full_tensors(self) -> dict[str, Tensor]:

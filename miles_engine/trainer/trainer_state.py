@@ -48,3 +48,15 @@ def full_tensors(trainer: Any) -> dict[str, Any]:
     if trainer.config.lora.enabled:
         state = lora.engine_tensors(state, trainer.config.lora.scaling)
     return state
+
+
+def named_tensors(trainer: Any, dtype: Any = None) -> Any:
+    """:meth:`TorchTrainer.named_tensors`: the policy's state now (a collective under FSDP, not when
+    iterated), merged LoRA weights or the adapters' parts as ``trainer.lora.push`` says."""
+    cfg = trainer.config.lora
+    state = trainer.comm.model_state(trainer.policy)
+    if cfg.enabled and cfg.push == "adapters":  # float32: the engine merges them
+        return lora.adapter_export(state, cfg.scaling)
+    if cfg.enabled:
+        state = lora.engine_tensors(state, cfg.scaling)
+    return iter([(name, t.to(dtype) if dtype is not None else t) for name, t in state.items()])
