@@ -112,13 +112,19 @@ def save_fp8_policy(model: Any, dest: Path, exceptions: Iterable[str], kind: str
     reused); a contract the server cannot keep is one ConfigError before any server starts."""
     from miles_engine.precision.checkpoint import save_quantized
     from miles_engine.precision.quantizer import QuantizeError
-    from miles_engine.precision.targets import quantized_weights
+    from miles_engine.precision.targets import is_stacked, quantized_weights
 
     exceptions = list(exceptions)
     try:
         names = quantized_weights(model, "fp8", exceptions)
     except QuantizeError as exc:
         raise ConfigError(str(exc)) from None
+    stacked = sorted(n for n in names if is_stacked(n))
+    if stacked:
+        raise ConfigError(f"precision.rollout='fp8' on {kind} engines: {SERVERS.get(kind, kind)} loads a MoE layer's "
+                          f"FP8 experts one by one by name (mlp.experts.N.gate_proj.weight and their scales), and "
+                          f"this policy's experts are stacked ({stacked[0]}); keep them in high precision: add "
+                          f"'*.mlp.experts.*' to precision.exceptions (kinds embedded and server quantise them)")
     problems = fused_group_problems({n: tuple(t.shape) for n, t in model.state_dict().items()}, names,
                                     SERVERS.get(kind, kind))
     if problems:

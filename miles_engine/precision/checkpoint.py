@@ -106,8 +106,9 @@ def to_checkpoint(state: Mapping[str, Any], names: Iterable[str], fmt: str) -> d
 
 
 def scale_name(weight: str) -> str:
-    """The fine-grained FP8 layout's name of weight ``weight``'s tile scales."""
-    return f"{weight.removesuffix('weight')}{SCALE_SUFFIX}"
+    """The fine-grained FP8 layout's name of weight ``weight``'s tile scales (``X.weight`` ->
+    ``X.weight_scale_inv``; a MoE layer's stacked ``X.gate_up_proj`` -> ``X.gate_up_proj_scale_inv``)."""
+    return f"{weight.removesuffix('weight')}{SCALE_SUFFIX}" if weight.endswith(".weight") else f"{weight}_scale_inv"
 
 
 def fp8_wire_name(name: str, dtype: str) -> tuple[str, str]:
@@ -141,7 +142,7 @@ def from_checkpoint(saved: Mapping[str, Any], contract: Mapping[str, Any], shape
         split = split_name(name)
         if split is not None:
             parts.setdefault(split[0], {})[name] = tensor
-        elif name.endswith(SCALE_SUFFIX):
+        elif name.endswith("_scale_inv"):  # read with its weight
             continue
         elif name in quantized and fmt == "fp8":
             scales = saved.get(scale_name(name))

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from miles_engine.precision.quantizer import dequantize, quantize
-from miles_engine.precision.targets import quantized_weights
+from miles_engine.precision.targets import quantized_weights, weight_of
 
 _INDEX = re.compile(r"\.\d+(?=\.)")
 
@@ -62,13 +62,14 @@ def class_gaps(model: Any, rows: Sequence[tuple[list[int], list[int]]], fmt: str
         base = _token_logprobs(model, rows)
         n = sum(len(b) for b in base) or 1
         for cls, modules in by_class.items():
-            saved = {name: m.weight.data.clone() for name, m in modules.items()}
+            weights = {name: weight_of(m, name).data for name, m in modules.items()}
+            saved = {name: w.clone() for name, w in weights.items()}
             try:
-                for name, m in modules.items():
-                    m.weight.data.copy_(dequantize(quantize(m.weight.data, fmt, name), m.weight.dtype))
+                for name, w in weights.items():
+                    w.copy_(dequantize(quantize(w, fmt, name), w.dtype))
                 moved = _token_logprobs(model, rows)
             finally:
-                for name, m in modules.items():
-                    m.weight.data.copy_(saved[name])
+                for name, w in weights.items():
+                    w.copy_(saved[name])
             gaps[cls] = float(sum((a - b).abs().sum() for a, b in zip(moved, base)) / n)
     return dict(sorted(gaps.items(), key=lambda kv: -kv[1]))

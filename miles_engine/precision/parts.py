@@ -28,15 +28,16 @@ def part_specs(name: str, shape: tuple[int, ...], fmt: str) -> dict[str, tuple[s
     """``{part name: (dtype name, shape)}`` of weight ``name`` of ``shape`` in ``fmt``."""
     f = get_format(fmt)
     cols = shape[-1] if shape else 1
-    rows = math.prod(shape[:-1]) if len(shape) > 1 else 1
-    codes = (rows, cols // 2) if f.packed else (rows, cols)
+    rows = shape[-2] if len(shape) > 1 else 1
+    stacked = math.prod(shape[:-2]) if len(shape) > 2 else 1  # matrices quantised each on its own
+    codes = (stacked * rows, cols // 2) if f.packed else (stacked * rows, cols)
     if f.name == "fp8":
-        scales = ("float32", (math.ceil(rows / f.block_rows), math.ceil(cols / f.block_cols)))
+        scales = ("float32", (stacked * math.ceil(rows / f.block_rows), math.ceil(cols / f.block_cols)))
     else:
-        scales = ("float32" if f.name == "int4" else "uint8", (rows, cols // f.block_cols))
+        scales = ("float32" if f.name == "int4" else "uint8", (stacked * rows, cols // f.block_cols))
     specs = {f"{name}{SEPARATOR}codes": ("uint8", codes), f"{name}{SEPARATOR}scales": scales}
     if f.name == "nvfp4":
-        specs[f"{name}{SEPARATOR}tensor_scale"] = ("float32", (1,))
+        specs[f"{name}{SEPARATOR}tensor_scale"] = ("float32", (stacked,))
     return specs
 
 

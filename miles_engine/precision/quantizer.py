@@ -5,6 +5,10 @@ or a rounding to nearest even of a value already clamped into range.
 
 Special values: a block holding NaN or +-Inf decodes to NaN as a whole (its scale is NaN); an
 all-zero block gets a neutral scale and zero codes. Formats: :mod:`miles_engine.precision.formats`.
+
+A tensor of more than two dimensions is a stack of matrices (a MoE layer's experts,
+``[experts, out, in]``): each is quantised as a weight of its own (its own FP8 tiles, its own
+NVFP4 tensor scale), the parts stacked along the rows in order.
 """
 
 from __future__ import annotations
@@ -69,6 +73,11 @@ def _block_amax(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def quantize(x: torch.Tensor, fmt: str | QuantFormat, name: str = "") -> Quantized:
     """``x`` (any floating dtype, any device) in ``fmt``; ``name`` only labels errors."""
     f = get_format(fmt) if isinstance(fmt, str) else fmt
+    if x.dim() > 2:  # a stack of matrices, each its own weight
+        each = [quantize(m, f, name) for m in x.reshape(-1, *x.shape[-2:])]
+        scales = None if each[0].tensor_scale is None else torch.cat([q.tensor_scale for q in each])
+        return Quantized(f.name, tuple(x.shape), torch.cat([q.codes for q in each]),
+                         torch.cat([q.scales for q in each]), scales)
     m = _as_matrix(x, f, name)
     out = {"fp8": _fp8_tiles, "mxfp8": _mxfp8, "nvfp4": _nvfp4, "int4": _int4}[f.name](m, f)
     return Quantized(f.name, tuple(x.shape), *out)
@@ -77,6 +86,8 @@ def quantize(x: torch.Tensor, fmt: str | QuantFormat, name: str = "") -> Quantiz
 def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The values ``q`` stands for (float32 arithmetic, then cast to ``dtype``)."""
     f = get_format(q.format)
+    if len(q.shape) > 2:
+        return torch.stack([dequantize(m, dtype) for m in matrices(q)]).reshape(q.shape)
     cols = q.shape[-1] if q.shape else 1
     if f.name == "fp8":
         values = _times_tile_scales(el.e4m3_decode(q.codes), q.scales, f)
@@ -91,6 +102,15 @@ def dequantize(q: Quantized, dtype: torch.dtype = torch.float32) -> torch.Tensor
         else:
             values = blocks * q.scales.unsqueeze(-1)
     return values.reshape(q.shape).to(dtype)
+
+
+def matrices(q: Quantized) -> list[Quantized]:
+    """The matrices of a stacked ``q`` (``[..., out, in]``), each as quantised on its own."""
+    n = math.prod(q.shape[:-2])
+    shape = tuple(q.shape[-2:])
+    tensor = [None] * n if q.tensor_scale is None else list(q.tensor_scale.reshape(n, 1))
+    return [Quantized(q.format, shape, c, s, t)
+            for c, s, t in zip(q.codes.chunk(n), q.scales.chunk(n), tensor)]
 
 
 def _times_tile_scales(values: torch.Tensor, per_tile: torch.Tensor, f: QuantFormat) -> torch.Tensor:

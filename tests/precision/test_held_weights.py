@@ -15,14 +15,14 @@ from miles_engine.precision.parts import to_parts
 from miles_engine.precision.quantizer import dequantize, quantize
 from miles_engine.precision.targets import quantized_weights
 from miles_engine.trainer.models import build_causal_lm
-from tests.trainer.helpers import TINY
+from tests.trainer.helpers import MOE, TINY
 
 EXCEPTIONS = ("model.layers.1.mlp.*",)
 
 
-def _snapped(model: torch.nn.Module, fmt: str) -> torch.nn.Module:
+def _snapped(model: torch.nn.Module, fmt: str, config: dict = TINY) -> torch.nn.Module:
     """A copy of ``model`` whose float weights are the quantizer's values (what the engine held before)."""
-    twin = build_causal_lm(TINY, torch.device("cpu"), 0)
+    twin = build_causal_lm(config, torch.device("cpu"), 0)
     state = model.state_dict()
     chosen = quantized_weights(model, fmt, EXCEPTIONS)
     twin.load_state_dict({n: dequantize(quantize(t, fmt, n)) if n in chosen else t for n, t in state.items()})
@@ -35,19 +35,22 @@ async def _sample(engine: EmbeddedEngine, prompts: list[list[int]]) -> list[tupl
     return [(r.output_ids, r.output_logprobs) for r in results]
 
 
+@pytest.mark.parametrize("config", [TINY, MOE], ids=["dense", "moe"])
 @pytest.mark.parametrize("fmt", ["fp8", "mxfp8", "nvfp4", "int4"])
-def test_held_weights_compute_exactly_the_quantizers_values_in_fewer_bytes(fmt: str) -> None:
-    model = build_causal_lm(TINY, torch.device("cpu"), 0)
+def test_held_weights_compute_exactly_the_quantizers_values_in_fewer_bytes(fmt: str, config: dict) -> None:
+    """A MoE model's stacked experts are held too (each expert quantised as its own weight)."""
+    model = build_causal_lm(config, torch.device("cpu"), 0)
     prompts = [torch.randint(0, TINY["vocab_size"], (12,), generator=torch.Generator().manual_seed(s)).tolist()
                for s in range(4)]
 
     async def main() -> None:
         held = EmbeddedEngine.from_model(model, weight_format=fmt, weight_exceptions=EXCEPTIONS)
-        values = EmbeddedEngine.from_model(_snapped(model, fmt))
+        values = EmbeddedEngine.from_model(_snapped(model, fmt, config))
         try:
             chosen = quantized_weights(model, fmt, EXCEPTIONS)
             params = dict(held.model.named_parameters())
             assert chosen and not set(chosen) & set(params)  # no full-precision copy of a held weight
+            assert (config is TINY) != ("model.layers.0.mlp.experts.gate_up_proj" in chosen)
             assert await _sample(held, prompts) == await _sample(values, prompts)  # bit for bit
             full_bytes = sum(model.state_dict()[n].numel() * 4 for n in chosen)
             saved = values.stats()["weight_bytes"] - held.stats()["weight_bytes"]

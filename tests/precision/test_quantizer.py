@@ -17,7 +17,11 @@ FORMATS = ("fp8", "mxfp8", "nvfp4", "int4")
 
 
 def reference(x: torch.Tensor, fmt: str) -> tuple[list[int], list[float]]:
-    """(element codes row-major, block scales row-major) from the reference."""
+    """(element codes row-major, block scales row-major) from the reference; a stack of matrices
+    (``[experts, out, in]``) quantised matrix by matrix, in order."""
+    if x.dim() > 2:
+        each = [reference(m, fmt) for m in x.reshape(-1, *x.shape[-2:])]
+        return [c for codes, _ in each for c in codes], [s for _, scales in each for s in scales]
     m = x.float().reshape(-1, x.shape[-1])
     rows, cols = m.shape
     values = [[float(v) for v in row] for row in m.tolist()]
@@ -76,6 +80,8 @@ def random_tensors() -> list[torch.Tensor]:
     # heavy tails and mixed magnitudes inside one block
     out.append(torch.randn(4, 64, generator=g) * torch.exp(torch.randn(4, 64, generator=g) * 4))
     out.append((torch.randn(3, 2, 32, generator=g)).to(torch.bfloat16))
+    # MoE experts ([experts, out, in]) of other magnitudes: each its own tiles and NVFP4 tensor scale
+    out.append(torch.randn(3, 130, 64, generator=g) * torch.tensor([1e-3, 1.0, 300.0])[:, None, None])
     out.append((torch.rand(2, 64, generator=g) * 100).to(torch.float16))
     return out
 

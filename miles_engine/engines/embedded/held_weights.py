@@ -1,5 +1,5 @@
 """Quantised weights held in their format: an ``nn.Linear`` whose weight the rollout format applies
-to keeps the quantizer's codes and scales (:class:`~miles_engine.precision.quantizer.Quantized`)
+to (or a MoE layer's experts module, for its stacked experts) keeps the quantizer's codes and scales (:class:`~miles_engine.precision.quantizer.Quantized`)
 instead of a full-precision parameter, and decodes them on each forward -- so the engine's weight
 memory is the format's (an fp8 weight takes a quarter of float32's bytes plus its scales) and it
 computes with exactly the values the quantizer defines (dequantise, then the float GEMM).
@@ -25,16 +25,19 @@ from miles_engine.precision.quantizer import Quantized, dequantize, quantize
 class HeldWeight:
     """The engine's handle on one held weight: shape and dtype as the full-precision one had."""
 
-    def __init__(self, module: nn.Linear, name: str, fmt: str, storage: str = "codes") -> None:
-        weight = module.weight
+    def __init__(self, module: nn.Module, name: str, fmt: str, storage: str = "codes") -> None:
+        attr = name.rpartition(".")[2]  # "weight", or an experts module's stacked parameter
+        weight = getattr(module, attr)
         self.name, self.format, self.storage = name, fmt, storage
         self.shape, self.dtype = weight.shape, weight.dtype
         self.quantized: Quantized | None = None
         self._decoded: torch.Tensor | None = None
         self._store(quantize(weight.detach(), fmt, name))
-        del module.weight  # the full-precision parameter goes; the module decodes ours instead
-        module.__class__ = _held_class(type(module))
-        module._held = self  # type: ignore[assignment]
+        delattr(module, attr)  # the full-precision parameter goes; the module decodes ours instead
+        held = {**getattr(module, "_held", {}), attr: self}
+        module.__class__ = _held_class(getattr(module, "_held_base", type(module)), tuple(held))
+        module._held_base = module.__class__.__mro__[1]  # type: ignore[assignment]
+        module._held = held  # type: ignore[assignment]
 
     def _store(self, q: Quantized) -> None:
         if self.storage == "values":  # decoded once, here: full-precision memory, no decode per forward
@@ -69,25 +72,26 @@ class HeldWeight:
         return self.quantized.nbytes
 
 
-_CLASSES: dict[type, type] = {}
+_CLASSES: dict[tuple[type, tuple[str, ...]], type] = {}
 
 
-def _held_class(base: type) -> type:
-    """``base`` (nn.Linear or a subclass) whose ``weight`` is decoded from its :class:`HeldWeight`."""
-    if base not in _CLASSES:
-        def weight(self: Any) -> torch.Tensor:
-            return self._held.values()
+def _held_class(base: type, attrs: tuple[str, ...]) -> type:
+    """``base`` whose parameters ``attrs`` are decoded from its :class:`HeldWeight` handles."""
+    if (base, attrs) not in _CLASSES:
+        def decoded(attr: str) -> property:
+            return property(lambda self: self._held[attr].values())
 
         def save(self: Any, destination: dict[str, Any], prefix: str, keep_vars: bool) -> None:
-            destination[prefix + "weight"] = self._held.values()  # first, where the parameter was
+            for attr in attrs:  # first, where the parameters were
+                destination[prefix + attr] = self._held[attr].values()
             base._save_to_state_dict(self, destination, prefix, keep_vars)
 
-        _CLASSES[base] = type(f"Held{base.__name__}", (base,), {"weight": property(weight),
-                                                               "_save_to_state_dict": save})
-    return _CLASSES[base]
+        _CLASSES[(base, attrs)] = type(f"Held{base.__name__}", (base,),
+                                       {**{a: decoded(a) for a in attrs}, "_save_to_state_dict": save})
+    return _CLASSES[(base, attrs)]
 
 
-def hold(modules: dict[str, nn.Linear], fmt: str, storage: str = "codes") -> dict[str, HeldWeight]:
+def hold(modules: dict[str, nn.Module], fmt: str, storage: str = "codes") -> dict[str, HeldWeight]:
     """Hold each ``{weight name: its nn.Linear}`` in ``fmt``; the handles by weight name."""
     return {name: HeldWeight(module, name, fmt, storage) for name, module in modules.items()}
 

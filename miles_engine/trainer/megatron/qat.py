@@ -16,9 +16,11 @@ gradient is that shard's (the other ranks' shards are other ranks' outputs), so 
 the one-rank step.
 
 Which weights are quantised is the Hugging Face model's answer (:func:`~miles_engine.precision.
-targets.quantized_weights`, as in every other stage): on a MoE model the attention layers (and any
-dense MLP layer), not the routed experts or the router, which are no ``nn.Linear`` there. A weight
-the other stages quantise that no Megatron linear layer here computes is one error naming it.
+targets.quantized_weights`, as in every other stage): on a MoE model the attention layers and the
+routed experts -- each expert of the stacked ``gate_up_proj`` / ``down_proj`` is a weight of its
+own, and Megatron's expert ``linear_fc1`` is exactly ``gate_up_proj[e]`` -- not the router. Expert
+parallelism needs nothing (a rank holds whole experts); expert tensor parallelism gathers like TP.
+A weight the other stages quantise that no Megatron linear layer here computes is one error.
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ def apply(gpt: Any, shape: Any, layout: hm.RankLayout, fmt: str, targets: Iterab
              shards.rows(lambda w, names=(q, k, v): hm._fuse_qkv(*map(part, hm._split_qkv(w, shape), names), shape))),
             (attn.linear_proj, {o: (cols, qkv_rows[0])}, shards.cols(lambda w, o=o: part(w, o))),
         ]
-        if hasattr(mlp, "linear_fc1"):  # a dense MLP (a MoE layer's experts and router are no nn.Linear in HF)
+        if hasattr(mlp, "experts"):
+            layer_parts += _experts(mlp.experts, a, shape, layout, part)
+        elif hasattr(mlp, "linear_fc1"):  # a dense MLP
             fc1_rows, inner = mlp.linear_fc1.weight.shape[0] // 2 * layout.tp, mlp.linear_fc2.weight.shape[1] * layout.tp
             layer_parts += [
                 (mlp.linear_fc1, {gate: (fc1_rows, cols), up: (fc1_rows, cols)},
@@ -93,6 +97,29 @@ def _wrap(module: Any, quantise: Callable[[Tensor], Tensor]) -> None:
         return impl(input, quantise(weight), *args, **kwargs)
 
     module._forward_impl = forward_impl
+
+
+def _experts(experts: Any, a: str, shape: Any, layout: hm.RankLayout,
+             part: Callable[[Tensor, str], Tensor]) -> list[tuple[Any, dict[str, tuple[int, ...]], Any]]:
+    """This rank's experts of one MoE layer: each expert's ``[gate; up]`` and ``down`` matrices
+    quantised whole, as the stacked Hugging Face weights' slices ``[e]`` are."""
+    gate_up, down = f"{a}mlp.experts.gate_up_proj", f"{a}mlp.experts.down_proj"
+    shards = Shards(layout.etp, layout.etp_rank, _etp_group() if layout.etp > 1 else None)
+    out = []
+    for expert in experts.local_experts:
+        rows, inner = expert.linear_fc1.weight.shape[0] // 2 * layout.etp, expert.linear_fc2.weight.shape[1] * layout.etp
+        out += [
+            (expert.linear_fc1, {gate_up: (shape.experts, 2 * rows, shape.hidden)},
+             shards.gated(lambda g, u: part(torch.cat([g, u]), gate_up).chunk(2))),
+            (expert.linear_fc2, {down: (shape.experts, shape.hidden, inner)}, shards.cols(lambda w: part(w, down))),
+        ]
+    return out
+
+
+def _etp_group() -> Any:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_expert_tensor_parallel_group()
 
 
 def _layer(name: str) -> int | None:

@@ -129,3 +129,13 @@ def test_the_bridge_maps_parts_to_the_checkpoints_names_and_refuses_the_rest():
         bridge.to_checkpoint_names([("norm.weight:q.codes", codes)], held)
     with pytest.raises(ValueError, match=r"part 'tensor_scale' belongs to another format"):
         bridge.to_checkpoint_names([("mlp.down_proj.weight:q.tensor_scale", torch.ones(1))], held)
+
+
+def test_stacked_moe_experts_are_refused_for_vllm_with_the_exception_to_add(tmp_path):
+    from tests.trainer.helpers import MOE
+
+    model = build_causal_lm(MOE, torch.device("cpu"), 0)
+    with pytest.raises(ConfigError, match=r"vLLM loads a MoE layer's FP8 experts one by one .*add '\*\.mlp\.experts\.\*' "
+                                          r"to precision.exceptions"):
+        save_fp8_policy(model, tmp_path / "moe", ["*.self_attn.[qkv]_proj.weight"])
+    assert not (tmp_path / "moe").exists()
