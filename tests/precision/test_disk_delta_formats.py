@@ -109,3 +109,25 @@ def test_an_engine_server_holding_fp8_pulls_codes_and_scales_itself(tmp_path: Pa
             await transport.close()
             await engine.aclose()
         run(main(), 150)
+
+
+def test_the_baseline_is_the_engines_own_codes_and_scales(tmp_path: Path) -> None:
+    """NVFP4: quantising the decoded values again gives another tensor scale, so the baseline takes
+    the engine's parts as held; the trainer's version 0 is then the same version, byte for byte."""
+    trainer, _ = load_model(dict(TINY_QWEN3), seed=4)
+    engine = EmbeddedEngine.from_model(copy.deepcopy(trainer), weight_format="nvfp4", num_threads=1, max_context=128)
+    held = engine.held_parts()
+    assert not torch.equal(quantize(engine.served_tensors([O_PROJ])[O_PROJ], "nvfp4").tensor_scale,
+                           held[f"{O_PROJ}:q.tensor_scale"])  # why the values would not do
+
+    async def main() -> None:
+        transport = create_transport("disk_delta", engine, root=str(tmp_path), check=CheckOptions())
+        n = len(dict(trainer.named_parameters()))
+        assert (await transport.push(trainer.named_parameters(), version=0)).tensors_checked == n
+        with torch.no_grad():
+            for p in trainer.parameters():
+                p.mul_(1.01)
+        assert (await transport.push(trainer.named_parameters(), version=1)).tensors_checked == n
+        await transport.close()
+        await engine.aclose()
+    run(main(), 60)

@@ -181,6 +181,15 @@ class EmbeddedEngine(WeightUpdates):
         found = ((n, extra.get(n, self._tensors.get(n))) for n in names)
         return {n: t.detach() for n, t in found if t is not None}
 
+    def held_parts(self) -> dict[str, torch.Tensor]:
+        """Each weight held in a format as the codes and scales the engine holds, under the parts'
+        names (``W:q.codes``, ...): what it serves, exactly (re-quantising the decoded values need
+        not give the same bytes: NVFP4's tensor scale)."""
+        from miles_engine.precision.parts import SEPARATOR
+
+        return {f"{name}{SEPARATOR}{part}": t for name, h in self._held.handles.items()
+                for part, t in h.quantized.parts().items()}
+
     async def keep_lora_base(self, names: list[str]) -> dict[str, str]:
         """Keep the loaded base of each weight in ``names`` for adapter-only pushes (before anything
         overwrites them); their float32 digests (:func:`miles_engine.models.adapters.base_digest`)."""

@@ -40,10 +40,9 @@ class HeldWeight:
         module._held = held  # type: ignore[assignment]
 
     def _store(self, q: Quantized) -> None:
+        self.quantized = q  # kept in both storages: what the engine holds, part for part (disk_delta's baseline)
         if self.storage == "values":  # decoded once, here: full-precision memory, no decode per forward
             self._decoded = dequantize(q, self.dtype)
-        else:
-            self.quantized = q
 
     def values(self) -> torch.Tensor:
         if self._decoded is not None:
@@ -66,10 +65,9 @@ class HeldWeight:
 
     @property
     def nbytes(self) -> int:
-        if self._decoded is not None:
-            return self._decoded.numel() * self._decoded.element_size()
         assert self.quantized is not None
-        return self.quantized.nbytes
+        decoded = 0 if self._decoded is None else self._decoded.numel() * self._decoded.element_size()
+        return self.quantized.nbytes + decoded
 
 
 _CLASSES: dict[tuple[type, tuple[str, ...]], type] = {}

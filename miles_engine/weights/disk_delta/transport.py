@@ -93,7 +93,15 @@ class DiskDeltaTransport:
             raise ConfigError(f"weights.disk_delta.baseline is not set and {engine_name(engine, 0)} "
                               f"({type(engine).__name__}) does not expose its tensors: point baseline at the "
                               f"safetensors checkpoint the engines were started from")
-        return dict(self._as_held(live.items(), "disk_delta baseline"))
+        if not self.held:
+            return live
+        # the engine's own codes and scales where it can give them; the rest quantised from its values
+        exact = engine.held_parts() if hasattr(engine, "held_parts") else {}
+        from miles_engine.weights.tensors import weights_of
+
+        given = weights_of(exact)
+        rest = [(n, t) for n, t in live.items() if n not in given]
+        return {**dict(self._as_held(rest, "disk_delta baseline")), **exact}
 
     def _open(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
