@@ -4,8 +4,8 @@ instead of a full-precision parameter, and decodes them on each forward -- so th
 memory is the format's (an fp8 weight takes a quarter of float32's bytes plus its scales) and it
 computes with exactly the values the quantizer defines (dequantise, then the float GEMM).
 
-``weight_storage: values`` keeps the decoded values instead (decoded once per update: the float
-path's memory and speed, the same numbers). The module keeps its name and its ``state_dict()``
+``weight_storage: values`` keeps the decoded values as well (decoded once per update: the float
+path's speed, the same numbers, the codes kept beside them). The module keeps its name and its ``state_dict()``
 (``weight`` is the decoded values), so metadata, checksums and weight checks read what they read
 before. Updates go through :class:`HeldWeight`:
 ``copy_`` of full-precision values quantises them (once, on the engine), codes and scales joined
