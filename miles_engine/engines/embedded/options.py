@@ -93,8 +93,8 @@ class EmbeddedEngineOptions(BaseModel):
     weight_storage: Literal["codes", "values"] = Field(
         "codes", description="how weights in weight_format are held: codes (codes + scales, the format's memory; "
         "each forward decodes them, which costs time where no fused kernel runs, e.g. this CPU) or values (the "
-        "decoded values in the engine's dtype as well: full-precision memory plus the codes, no decode per forward); the "
-        "same numbers either way")
+        "decoded values in the engine's dtype as well: full-precision memory plus the codes, no decode per "
+        "forward); the same numbers either way")
     kv_cache: Literal["full", "fp8"] = Field(
         "full", description="fp8: keys and values are stored and attended as E4M3 with a float32 scale per token "
         "and head (precision.kv_cache); prompt scoring reads them the same way")
