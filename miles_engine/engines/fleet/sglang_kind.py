@@ -37,7 +37,7 @@ class SGLangKind:
         model = o.model_path or (ctx.model if isinstance(ctx.model, str) else None)
         held, extra = None, list(o.extra_args)  # SGLang does not publish what it holds: under fp8 the checkpoint says
         if ctx.weight_format == "fp8":  # the policy as an instance or a spec is written as a checkpoint here
-            model, held = await asyncio.to_thread(fp8_policy, o.model_path, ctx)
+            model, held = await asyncio.to_thread(fp8_policy, o.model_path, ctx, group.dtype)
             if not o.model_path and "--skip-tokenizer-init" not in extra:
                 extra.append("--skip-tokenizer-init")  # the written checkpoint has no tokenizer: we send token ids
         if model is None:
@@ -78,9 +78,9 @@ def precision_refusal(weight_format: str, kv_cache: str, group: EngineGroupConfi
     return why
 
 
-def fp8_policy(model_path: str | None, ctx: FleetContext) -> tuple[str, list[Any]]:
+def fp8_policy(model_path: str | None, ctx: FleetContext, dtype: str) -> tuple[str, list[Any]]:
     """The FP8 checkpoint the servers load (``options.model_path`` when it was written under this
-    contract, else the policy's, written once) and what they then hold (the push's metadata)."""
+    contract, else the policy's, written once) and what they then hold in ``dtype`` (the push's metadata)."""
     from miles_engine.engines.fp8_checkpoint import check_model_path, held_metadata, policy_checkpoint
 
     if model_path:
@@ -88,4 +88,4 @@ def fp8_policy(model_path: str | None, ctx: FleetContext) -> tuple[str, list[Any
         directory = model_path
     else:
         directory = policy_checkpoint(ctx.model, ctx.state_dir / "sglang-model-fp8", ctx.weight_exceptions, "sglang")
-    return directory, held_metadata(directory, "bfloat16")
+    return directory, held_metadata(directory, dtype)
