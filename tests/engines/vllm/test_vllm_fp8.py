@@ -121,7 +121,9 @@ def test_vllm_serves_the_fp8_contract(smollm2, tmp_path: Path) -> None:
             samples = await _sample(engine, prompts)
             after, before = _gap(_as_served(model, new, quantised), samples), _gap(_as_served(model, first, quantised),
                                                                                    samples)
-            assert after < 0.05 and before > 2 * after, (after, before)
+            # the samples are unseeded on CPU: ``after`` measured 0.030-0.052 (bfloat16 activations),
+            # ``before`` ~0.9, so the ratio is the claim and the absolute bound has room
+            assert after < 0.1 and before > 5 * after, (after, before)
 
             # a weight the engine holds other than the trainer's quantizer says is named
             bad = dict(new)
